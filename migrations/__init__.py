@@ -1,0 +1,1 @@
+"""Alembic migrations of the walbuf buffer schema (installed as walbuf.migrations)."""

@@ -1,0 +1,57 @@
+"""walbuf: a local write-ahead-log buffer for experiment metrics, with offline sync into W&B.
+
+Public API::
+
+    w = walbuf.init("runs/exp1.db", writer="eval-3", step_axis="eval_step", run="exp1")
+    w.log({"eval/accuracy": 0.91})
+    walbuf.log({...})                      # the writer walbuf.init made in this process
+    @walbuf.logged("runs/exp1.db", writer="eval", step_axis="eval_step")
+    def evaluate(checkpoint) -> dict: ...
+    for record in walbuf.read("runs/exp1.db"): ...
+"""
+
+from .decorator import logged
+from .errors import (
+    ConfigError,
+    BufferBusyError,
+    BufferCorruptError,
+    BufferNotFoundError,
+    MetricTypeError,
+    MetricValueError,
+    NoWriterError,
+    SchemaTooNewError,
+    StepOrderError,
+    StorageError,
+    WalbufError,
+    WriterClosedError,
+    WriterConflictError,
+)
+from .record import Record, Value
+from .storage import read
+from .writer import Writer, default_writer_id, init, log
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "init",
+    "log",
+    "logged",
+    "read",
+    "Writer",
+    "Record",
+    "Value",
+    "default_writer_id",
+    "WalbufError",
+    "ConfigError",
+    "StorageError",
+    "BufferNotFoundError",
+    "BufferCorruptError",
+    "BufferBusyError",
+    "SchemaTooNewError",
+    "MetricTypeError",
+    "MetricValueError",
+    "StepOrderError",
+    "WriterConflictError",
+    "WriterClosedError",
+    "NoWriterError",
+]

@@ -1,0 +1,61 @@
+"""The decorator: a function whose returned dict is logged as one record."""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from .writer import Writer
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DEFAULT_WAIT = 60.0
+
+
+def logged(
+    buffer: str | os.PathLike[str] | None = None,
+    *,
+    writer: str | None = None,
+    step_axis: str | None = None,
+    run: str | None = None,
+    durability: str = "normal",
+    wait: float = DEFAULT_WAIT,
+) -> Callable[[F], F]:
+    """Log the dict a function returns as one record; other return values pass through.
+
+    The settings are those of :func:`walbuf.init`, resolved at each call in
+    the process that makes it, so a decorated function sent to a process pool
+    logs from the worker. Each call opens the writer, logs, and closes it:
+    calls from several processes with the same writer id take turns (waiting
+    up to ``wait`` seconds) and append to one stream, each call one step.
+
+    If the returned dict holds the step axis as a key (for example
+    ``{"eval_step": 40, "eval/accuracy": 0.9}``), that value is the record's
+    step; otherwise the step is the writer's last step plus one. The dict is
+    returned to the caller unchanged. If the function raises, nothing is
+    logged.
+    """
+
+    def decorate(fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            result = fn(*args, **kwargs)
+            if isinstance(result, Mapping):
+                with Writer(
+                    buffer,
+                    writer=writer,
+                    step_axis=step_axis,
+                    run=run,
+                    durability=durability,
+                    wait=wait,
+                ) as w:
+                    metrics = dict(result)
+                    step = metrics.pop(w.step_axis, None)
+                    w.log(metrics, step=step)
+            return result
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate

@@ -1,0 +1,78 @@
+"""The exceptions walbuf raises.
+
+Every error walbuf raises on purpose is a :class:`WalbufError`. Errors about
+the caller's input also derive from the built-in class a caller would expect
+(``TypeError`` for a value of the wrong kind, ``ValueError`` for a step that
+goes backwards), so ``except ValueError`` keeps working.
+"""
+
+from __future__ import annotations
+
+
+class WalbufError(Exception):
+    """Base class of every error walbuf raises on purpose."""
+
+
+class MetricTypeError(WalbufError, TypeError):
+    """A metric value or key is of a kind walbuf does not store. Nothing was written."""
+
+
+class MetricValueError(WalbufError, ValueError):
+    """A metric key is unusable (empty, duplicated by flattening, reserved). Nothing was written."""
+
+
+class StepOrderError(WalbufError, ValueError):
+    """An explicit step is smaller than the writer's last step. Nothing was written."""
+
+
+class StorageError(WalbufError):
+    """Base class of errors about the buffer itself (not found, unreadable, too new)."""
+
+
+class BufferNotFoundError(StorageError):
+    """Reading a buffer that does not exist (reading never creates one)."""
+
+
+class ConfigError(WalbufError, ValueError):
+    """A missing or unusable setting: no buffer given, a bad URL, an empty writer id, ..."""
+
+
+class BufferCorruptError(StorageError):
+    """The buffer file is not a walbuf database or is damaged."""
+
+
+class SchemaTooNewError(StorageError):
+    """The buffer was written by a newer walbuf; this one will not touch it."""
+
+
+class BufferBusyError(StorageError):
+    """The database stayed locked by other processes for longer than the busy timeout."""
+
+
+class WriterConflictError(WalbufError):
+    """Another live writer already uses this writer id in this run, or uses it with another step axis."""
+
+
+class WriterClosedError(WalbufError):
+    """log() on a writer that was closed."""
+
+
+class NoWriterError(WalbufError):
+    """walbuf.log() was called in a process where walbuf.init() was not."""
+
+
+__all__ = [
+    "WalbufError",
+    "MetricTypeError",
+    "MetricValueError",
+    "StepOrderError",
+    "StorageError",
+    "BufferNotFoundError",
+    "ConfigError",
+    "BufferCorruptError",
+    "SchemaTooNewError",
+    "BufferBusyError",
+    "WriterConflictError",
+    "WriterClosedError",
+    "NoWriterError",
+]

@@ -1,0 +1,391 @@
+"""The writer: appends one process's metric records to a buffer.
+
+A writer id names one stream of records in one run, with its own step axis.
+While a Writer is open it owns its id: it holds an OS file lock beside the
+buffer (released by the kernel if the process dies, kill -9 included), so a
+second live writer with the same id fails at once instead of interleaving
+two streams.
+
+Settings resolve in this order: the argument, the environment (WALBUF_BUFFER,
+WALBUF_WRITER, WALBUF_RUN, WALBUF_STEP_AXIS), a default. The buffer is
+resolved once, to an absolute path, when the Writer is made; the writer id and
+step axis are resolved in each process that logs, from that process's own
+environment, so a Writer sent to a worker (pickled, or inherited by fork)
+becomes that worker's writer: rank-N under a launcher that sets RANK,
+host-pid otherwise. A Writer given an explicit id keeps it everywhere, and a
+second process that logs with it while the first is open gets
+WriterConflictError.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import operator
+import os
+import socket
+import sqlite3
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import sqlalchemy as sa
+from filelock import FileLock, Timeout
+
+from .errors import (
+    ConfigError,
+    NoWriterError,
+    StepOrderError,
+    WriterClosedError,
+    WriterConflictError,
+)
+from .record import encode, flatten
+from .storage import DURABILITY_LEVELS, Storage, resolve_url, storage_error, writers
+
+ENV_BUFFER = "WALBUF_BUFFER"
+ENV_WRITER = "WALBUF_WRITER"
+ENV_RUN = "WALBUF_RUN"
+ENV_STEP_AXIS = "WALBUF_STEP_AXIS"
+DEFAULT_RUN = "default"
+MAX_STEP = 2**63 - 1
+
+
+def default_writer_id() -> str:
+    """The writer id of this process when none is given: rank-based under a launcher, else host-pid."""
+    rank = os.environ.get("RANK")
+    if rank:
+        return f"rank-{rank}"
+    host = socket.gethostname()
+    local_rank = os.environ.get("LOCAL_RANK")
+    if local_rank:
+        return f"{host}-rank-{local_rank}"
+    return f"{host}-{os.getpid()}"
+
+
+def _setting(name: str, value: Any, env: str, default: str | None) -> str:
+    if value is None:
+        value = os.environ.get(env) or default
+    if not isinstance(value, str):
+        raise ConfigError(f"{name} must be a str, not {type(value).__qualname__}")
+    if not value:
+        raise ConfigError(f"{name} must not be empty (give it, or set {env})")
+    return value
+
+
+class Writer:
+    """Appends metric records of one writer id to a buffer.
+
+    Guarantees:
+
+    - Durability: :meth:`log` commits before it returns. The record survives
+      kill -9 of the process; with ``durability="fsync"`` it also survives a
+      power loss or OS crash (SQLite synchronous=FULL), and :meth:`flush`
+      gives that to every record logged so far in the default mode.
+    - Order: records of one writer are read back in the order logged, each
+      with its step. Steps never decrease.
+    - Errors: invalid metrics or a step that goes backwards raise before
+      anything is written.
+    - Processes: picklable (its settings travel, never its connection) and
+      fork-safe (a child never uses the parent's connection; it opens its own
+      on first use). Safe to share between threads of one process.
+    """
+
+    def __init__(
+        self,
+        buffer: str | os.PathLike[str] | None = None,
+        *,
+        writer: str | None = None,
+        step_axis: str | None = None,
+        run: str | None = None,
+        durability: str = "normal",
+        wait: float = 0.0,
+    ) -> None:
+        if durability not in DURABILITY_LEVELS:
+            raise ConfigError(
+                f"durability must be one of {sorted(DURABILITY_LEVELS)}, not {durability!r}"
+            )
+        if buffer is None:
+            buffer = os.environ.get(ENV_BUFFER, "")
+        self._url = resolve_url(buffer)
+        self._run = _setting("run", run, ENV_RUN, DEFAULT_RUN)
+        self._writer_arg = writer
+        self._step_axis_arg = step_axis
+        self._durability = durability
+        self._wait = float(wait)
+        self._init_process_state()
+        self._open()
+
+    # -- per-process state -----------------------------------------------------
+
+    def _init_process_state(self) -> None:
+        self._pid: int | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self._storage: Storage | None = None
+        self._connection: sa.PoolProxiedConnection | None = None
+        self._owner: FileLock | None = None
+        self._cursor: sqlite3.Cursor | None = None
+        self._orphans: list[object] = []
+
+    def _open(self) -> None:
+        writer = _setting("writer", self._writer_arg, ENV_WRITER, default_writer_id())
+        step_axis = _setting("step_axis", self._step_axis_arg, ENV_STEP_AXIS, f"{writer}/step")
+        storage = Storage(self._url, durability=self._durability)
+        try:
+            owner = self._own(storage, writer)
+            try:
+                writer_pk, last_step = storage.register_writer(
+                    self._run, writer, step_axis, socket.gethostname(), os.getpid()
+                )
+                connection = storage.raw_connection()
+            except BaseException:
+                owner.release()
+                raise
+        except BaseException:
+            storage.dispose()
+            raise
+        self._storage, self._owner, self._connection = storage, owner, connection
+        self._cursor = connection.driver_connection.cursor()  # type: ignore[union-attr]
+        self._sql = storage.insert_sql()
+        self._writer, self._step_axis, self._writer_pk = writer, step_axis, writer_pk
+        self._last_step = last_step
+        self._pid = os.getpid()
+        atexit.register(self.close)
+
+    def _own(self, storage: Storage, writer: str) -> FileLock:
+        digest = hashlib.sha256(f"{self._run}\0{writer}".encode()).hexdigest()[:24]
+        owner = FileLock(storage.lock_path(f"writer-{digest}.lock"), thread_local=False)
+        try:
+            owner.acquire(timeout=self._wait)
+        except Timeout:
+            with storage.begin_read() as conn:
+                holder = conn.execute(
+                    sa.select(writers.c.host, writers.c.pid)
+                    .where(writers.c.name == writer)
+                    .order_by(writers.c.opened_at.desc())
+                ).first()
+            where = f" by process {holder.pid} on {holder.host}" if holder else ""
+            raise WriterConflictError(
+                f"writer {writer!r} of run {self._run!r} is already open{where};"
+                " give each process its own writer id (writer=... or WALBUF_WRITER),"
+                " or close the other writer first"
+            ) from None
+        return owner
+
+    def _ensure_own_process(self) -> None:
+        """After fork or unpickling: leave the parent's handles alone and open anew."""
+        if self._pid == os.getpid():
+            return
+        inherited = [self._storage, self._connection, self._owner, self._cursor, *self._orphans]
+        closed = self._closed
+        self._init_process_state()
+        # Kept referenced, never closed: closing them here could release the
+        # parent's locks or disturb its WAL.
+        self._orphans = [obj for obj in inherited if obj is not None]
+        if inherited[0] is not None:
+            inherited[0].abandon()  # type: ignore[union-attr]
+        self._closed = closed
+        if closed:
+            raise WriterClosedError(f"writer {self._writer!r} is closed")
+        self._open()
+
+    # -- public ------------------------------------------------------------------
+
+    @property
+    def writer(self) -> str:
+        """This writer's id in the current process."""
+        self._ensure_own_process()
+        return self._writer
+
+    @property
+    def step_axis(self) -> str:
+        """The name of this writer's step axis in the current process."""
+        self._ensure_own_process()
+        return self._step_axis
+
+    @property
+    def run(self) -> str:
+        return self._run
+
+    @property
+    def buffer(self) -> str:
+        """The buffer's SQLAlchemy URL."""
+        return self._url.render_as_string()
+
+    @property
+    def last_step(self) -> int | None:
+        """The step of the last record of this writer (None if it has none)."""
+        self._ensure_own_process()
+        return self._last_step
+
+    def log(self, metrics: Mapping[str, Any], step: int | None = None) -> int:
+        """Append one record and commit it; return its step.
+
+        Without ``step``, the step is the writer's last step plus one (0 for
+        a new writer). With ``step``, it must be >= the last step (equal adds
+        another record at that step), else StepOrderError. Invalid metrics
+        raise MetricTypeError/MetricValueError. On any error nothing is
+        written.
+        """
+        if self._pid != os.getpid():
+            self._ensure_own_process()
+        flat = flatten(metrics, self._step_axis)
+        payload = encode(flat)
+        with self._lock:
+            if self._closed:
+                raise WriterClosedError(
+                    f"writer {self._writer!r} is closed; open a new one with walbuf.init()"
+                )
+            last = self._last_step
+            if step is None:
+                step = 0 if last is None else last + 1
+            else:
+                step = self._check_step(step, last)
+            try:
+                self._cursor.execute(self._sql, (self._writer_pk, step, time.time(), payload))  # type: ignore[union-attr]
+            except sqlite3.Error as exc:
+                raise storage_error(self._storage.path, exc) from exc  # type: ignore[union-attr]
+            self._last_step = step
+            return step
+
+    def _check_step(self, step: Any, last: int | None) -> int:
+        if isinstance(step, bool):
+            raise TypeError(f"step must be an int, not bool ({step!r})")
+        try:
+            value = operator.index(step)
+        except TypeError:
+            raise TypeError(f"step must be an int, not {type(step).__qualname__}") from None
+        if not 0 <= value <= MAX_STEP:
+            raise StepOrderError(f"step must be between 0 and 2**63-1, not {value} (nothing was written)")
+        if last is not None and value < last:
+            raise StepOrderError(
+                f"step {value} goes backwards: writer {self._writer!r} is at step {last}"
+                " (nothing was written)"
+            )
+        return value
+
+    def flush(self) -> None:
+        """Make every record logged so far durable against power loss and OS crashes.
+
+        log() has already committed each record (safe against the process
+        dying); in the default durability SQLite defers the fsync of its WAL
+        to checkpoints, and flush() does it now.
+        """
+        if self._pid != os.getpid():
+            self._ensure_own_process()
+        with self._lock:
+            if self._closed:
+                return
+            path = self._storage.path  # type: ignore[union-attr]
+            for name in (f"{path}-wal", str(path)):
+                try:
+                    fd = os.open(name, os.O_RDONLY)
+                except FileNotFoundError:
+                    continue  # no WAL: everything is checkpointed into the database
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+
+    def close(self) -> None:
+        """Release the writer id and close the connection. Idempotent; atexit calls it.
+
+        Records already logged are committed; close() adds nothing to their
+        durability (use flush() or durability="fsync" for that).
+        """
+        if self._pid != os.getpid():
+            # Another process's handles (fork) or never opened here (unpickled).
+            self._closed = True
+            return
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            atexit.unregister(self.close)
+            if self._cursor is not None:
+                self._cursor.close()
+            if self._connection is not None:
+                self._connection.close()
+            if self._storage is not None:
+                self._storage.dispose()
+            if self._owner is not None:
+                self._owner.release()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "url": self._url.render_as_string(hide_password=False),
+            "run": self._run,
+            "writer": self._writer_arg,
+            "step_axis": self._step_axis_arg,
+            "durability": self._durability,
+            "wait": self._wait,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._url = sa.make_url(state["url"])
+        self._run = state["run"]
+        self._writer_arg = state["writer"]
+        self._step_axis_arg = state["step_axis"]
+        self._durability = state["durability"]
+        self._wait = state["wait"]
+        self._init_process_state()
+        self._writer = self._writer_arg or "<not yet opened>"
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<walbuf.Writer run={self._run!r} writer={getattr(self, '_writer', None)!r} {state}>"
+
+
+# The one piece of module state: the writer walbuf.init() made in this process.
+_default: Writer | None = None
+
+
+def init(
+    buffer: str | os.PathLike[str] | None = None,
+    *,
+    writer: str | None = None,
+    step_axis: str | None = None,
+    run: str | None = None,
+    durability: str = "normal",
+    wait: float = 0.0,
+) -> Writer:
+    """Open a Writer and make it this process's default for :func:`walbuf.log`.
+
+    ``buffer`` is a file path or a sqlite:/// URL (default: $WALBUF_BUFFER);
+    the file and its directory are created if missing. ``writer`` is this
+    stream's id (default: $WALBUF_WRITER, else rank-$RANK, else host-pid),
+    ``step_axis`` the name its steps are logged under (default:
+    $WALBUF_STEP_AXIS, else "<writer>/step"), ``run`` the run it belongs to
+    (default: $WALBUF_RUN, else "default"). ``durability`` is "normal"
+    (survives the process dying) or "fsync" (survives power loss). ``wait`` is
+    how many seconds to wait for another process that holds the same writer id
+    to close it before raising WriterConflictError.
+
+    A previous default writer of this process is closed first.
+    """
+    global _default
+    if _default is not None:
+        _default.close()
+        _default = None
+    _default = Writer(
+        buffer, writer=writer, step_axis=step_axis, run=run, durability=durability, wait=wait
+    )
+    return _default
+
+
+def log(metrics: Mapping[str, Any], step: int | None = None) -> int:
+    """Log through the writer walbuf.init() made in this process; see :meth:`Writer.log`."""
+    if _default is None:
+        raise NoWriterError("walbuf.log() needs a writer: call walbuf.init(buffer, ...) first")
+    return _default.log(metrics, step=step)
