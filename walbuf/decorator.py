@@ -31,11 +31,11 @@ def logged(
     calls from several processes with the same writer id take turns (waiting
     up to ``wait`` seconds) and append to one stream, each call one step.
 
-    If the returned dict holds the step axis as a key (for example
-    ``{"eval_step": 40, "eval/accuracy": 0.9}``), that value is the record's
-    step; otherwise the step is the writer's last step plus one. The dict is
-    returned to the caller unchanged. If the function raises, nothing is
-    logged.
+    Each call's record gets the writer's next step (last step plus one), in
+    the order the calls finish. To plot against another quantity, return it
+    as a metric (``{"train_step": 40, "eval/accuracy": 0.9}``). The dict is
+    returned to the caller unchanged. If the function raises, or the dict is
+    invalid, nothing is logged and the error propagates.
     """
 
     def decorate(fn: F) -> F:
@@ -51,9 +51,7 @@ def logged(
                     durability=durability,
                     wait=wait,
                 ) as w:
-                    metrics = dict(result)
-                    step = metrics.pop(w.step_axis, None)
-                    w.log(metrics, step=step)
+                    w.log(result)
             return result
 
         return wrapper  # type: ignore[return-value]

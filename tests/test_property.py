@@ -1,0 +1,62 @@
+"""Invariant: reading back yields, per writer, exactly the records logged, in order, with their steps."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import walbuf
+from conftest import by_writer, same_metrics
+
+WRITERS = ("rank-0", "rank-1", "eval")
+AXIS = "axis"
+
+values = st.one_of(
+    st.integers(min_value=-(2**63), max_value=2**63),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(),
+    st.text(max_size=12),
+    st.none(),
+)
+keys = st.text(min_size=1, max_size=10).filter(lambda k: k != AXIS)
+metrics = st.dictionaries(keys, values, max_size=5)
+# (which writer, metrics, None for an automatic step or an offset from the writer's last step)
+calls = st.lists(
+    st.tuples(st.sampled_from(WRITERS), metrics, st.one_of(st.none(), st.integers(-3, 5))),
+    max_size=40,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(calls)
+def test_read_back_equals_what_was_logged_per_writer(calls):
+    expected: dict[str, list[tuple[int, dict]]] = {name: [] for name in WRITERS}
+    with tempfile.TemporaryDirectory() as tmp:
+        buffer = Path(tmp) / "prop.db"
+        opened = {name: walbuf.Writer(buffer, writer=name, step_axis=AXIS) for name in WRITERS}
+        for name, logged, offset in calls:
+            history = expected[name]
+            last = history[-1][0] if history else None
+            if offset is None:
+                step = opened[name].log(logged)
+                assert step == (0 if last is None else last + 1)
+            else:
+                step = (last or 0) + offset
+                try:
+                    assert opened[name].log(logged, step=step) == step
+                except ValueError:
+                    assert step < 0 or (last is not None and step < last)
+                    continue
+                assert step >= 0 and (last is None or step >= last)
+            history.append((step, logged))
+        for w in opened.values():
+            w.close()
+        got = by_writer(buffer)
+    for name in WRITERS:
+        records = got.get(name, [])
+        assert [r.step for r in records] == [step for step, _ in expected[name]]
+        for record, (_, logged) in zip(records, expected[name]):
+            assert same_metrics(record.metrics, logged)

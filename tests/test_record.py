@@ -1,0 +1,190 @@
+"""What a record may hold, how it comes back, and what is refused."""
+
+from __future__ import annotations
+
+import enum
+import subprocess
+import sys
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+
+import walbuf
+from conftest import record_count, same_metrics, same_value
+
+ROUND_TRIP = {
+    "int": 7,
+    "negative int": -3,
+    "big int": 2**62 + 1,
+    "float": 0.1,
+    "negative zero": -0.0,
+    "tiny float": 5e-324,
+    "huge float": 1.7976931348623157e308,
+    "nan": float("nan"),
+    "+inf": float("inf"),
+    "-inf": float("-inf"),
+    "true": True,
+    "false": False,
+    "str": "accuracy",
+    "empty str": "",
+    "unicode": "länge 🚀 \u0000 \udcff",
+    "none": None,
+}
+
+
+def log_and_read(buffer, metrics):
+    with walbuf.Writer(buffer, writer="w") as w:
+        w.log(metrics)
+    (record,) = list(walbuf.read(buffer))
+    return record.metrics
+
+
+@pytest.mark.parametrize("name", sorted(ROUND_TRIP))
+def test_value_comes_back_exactly(buffer, name):
+    value = ROUND_TRIP[name]
+    assert same_metrics(log_and_read(buffer, {name: value}), {name: value})
+
+
+def test_all_kinds_in_one_record_come_back_exactly(buffer):
+    assert same_metrics(log_and_read(buffer, ROUND_TRIP), ROUND_TRIP)
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        (np.float32(1.5), 1.5),
+        (np.float64(0.1), 0.1),
+        (np.float16(0.5), 0.5),
+        (np.int8(-4), -4),
+        (np.int64(2**40), 2**40),
+        (np.uint32(7), 7),
+        (np.bool_(True), True),
+        (np.array(2.5), 2.5),
+        (np.array(3), 3),
+        (np.array(True), True),
+        (np.float64("nan"), float("nan")),
+        (np.str_("hi"), "hi"),
+    ],
+    ids=repr,
+)
+def test_numpy_scalars_and_0d_arrays_become_python_values(buffer, value, expected):
+    got = log_and_read(buffer, {"m": value})["m"]
+    assert same_value(got, expected)
+
+
+class _FakeTensor:
+    """Stands in for a 0-d torch tensor: recognised by module name and ndim, like the real one."""
+
+    __module__ = "torch"
+    ndim = 0
+
+    def __init__(self, value):
+        self._value = value
+
+    def item(self):
+        return self._value
+
+
+def test_torch_like_0d_tensor_is_converted_without_torch(buffer):
+    assert log_and_read(buffer, {"loss": _FakeTensor(0.25)}) == {"loss": 0.25}
+
+
+def test_real_torch_scalar_tensor_is_converted(buffer):
+    torch = pytest.importorskip("torch")
+    assert log_and_read(buffer, {"loss": torch.tensor(0.5)}) == {"loss": 0.5}
+
+
+def test_subclasses_of_builtin_values_are_stored_as_the_builtin(buffer):
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    got = log_and_read(buffer, {"level": Level.HIGH})
+    assert got == {"level": 3} and type(got["level"]) is int
+
+
+def test_nested_dicts_are_flattened_with_slash(buffer):
+    got = log_and_read(buffer, {"eval": {"acc": 0.9, "loss": {"ce": 0.3}}, "lr": 1e-3})
+    assert got == {"eval/acc": 0.9, "eval/loss/ce": 0.3, "lr": 1e-3}
+
+
+def test_any_mapping_is_accepted(buffer):
+    assert log_and_read(buffer, OrderedDict(a=1, b=OrderedDict(c=2))) == {"a": 1, "b/c": 2}
+
+
+def test_logging_does_not_import_numpy_or_torch(buffer):
+    code = (
+        "import sys, walbuf\n"
+        f"w = walbuf.init({str(buffer)!r}, writer='w')\n"
+        "w.log({'a': 1.0, 'b': {'c': 'x'}})\n"
+        "assert 'numpy' not in sys.modules, 'numpy imported'\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+BAD_VALUES = {
+    "list": [1, 2],
+    "tuple": (1,),
+    "set": {1},
+    "bytes": b"x",
+    "complex": 1j,
+    "object": object(),
+    "function": len,
+    "numpy 1-d array": np.array([1.0, 2.0]),
+    "numpy datetime": np.datetime64("2026-01-01"),
+    "non-0d fake tensor": type("T", (), {"__module__": "torch", "ndim": 1, "item": lambda self: 1})(),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_VALUES))
+def test_bad_value_raises_type_error_naming_the_key_and_writes_nothing(buffer, kind):
+    with walbuf.Writer(buffer, writer="w") as w:
+        w.log({"ok": 1})
+        with pytest.raises(TypeError, match="'outer/bad'"):
+            w.log({"fine": 2, "outer": {"bad": BAD_VALUES[kind]}})
+        assert w.last_step == 0
+    assert record_count(buffer) == 1
+
+
+@pytest.mark.parametrize("key", [1, 2.5, None, ("a",), b"k"], ids=repr)
+def test_non_str_key_raises_type_error_and_writes_nothing(buffer, key):
+    with walbuf.Writer(buffer, writer="w") as w:
+        with pytest.raises(walbuf.MetricTypeError, match="keys must be str"):
+            w.log({"fine": 1, key: 2})
+    assert record_count(buffer) == 0
+
+
+def test_non_str_key_in_nested_dict_is_named_with_its_prefix(buffer):
+    with walbuf.Writer(buffer, writer="w") as w:
+        with pytest.raises(TypeError, match=r"eval/0"):
+            w.log({"eval": {0: 1.0}})
+
+
+@pytest.mark.parametrize("metrics", [[("a", 1)], "a=1", None, 3], ids=repr)
+def test_metrics_that_are_not_a_mapping_are_refused(buffer, metrics):
+    with walbuf.Writer(buffer, writer="w") as w:
+        with pytest.raises(TypeError, match="must be a dict"):
+            w.log(metrics)
+    assert record_count(buffer) == 0
+
+
+def test_empty_key_is_refused(buffer):
+    with walbuf.Writer(buffer, writer="w") as w:
+        with pytest.raises(ValueError, match="empty metric key"):
+            w.log({"": 1})
+    assert record_count(buffer) == 0
+
+
+def test_key_given_both_nested_and_flat_is_refused(buffer):
+    with walbuf.Writer(buffer, writer="w") as w:
+        with pytest.raises(ValueError, match="'a/b' is given twice"):
+            w.log({"a/b": 1, "a": {"b": 2}})
+    assert record_count(buffer) == 0
+
+
+def test_metric_named_like_the_step_axis_is_refused(buffer):
+    with walbuf.Writer(buffer, writer="w", step_axis="eval_step") as w:
+        with pytest.raises(ValueError, match="step axis"):
+            w.log({"eval_step": 3, "acc": 1.0})
+    assert record_count(buffer) == 0

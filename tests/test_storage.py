@@ -1,0 +1,106 @@
+"""The buffer on disk: schema and migrations, reading, and damaged or foreign files."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.config import Config
+
+import walbuf
+import walbuf.migrations
+from walbuf import storage
+
+
+def make_buffer(buffer, records=1):
+    with walbuf.Writer(buffer, writer="w") as w:
+        for i in range(records):
+            w.log({"i": i})
+
+
+def test_new_buffer_is_at_the_newest_schema_revision(buffer):
+    make_buffer(buffer)
+    with sqlite3.connect(buffer) as conn:
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchone()[0] == storage.HEAD_REVISION
+
+
+def test_known_revisions_list_matches_alembics_migrations():
+    config = Config()
+    config.set_main_option("script_location", walbuf.migrations.__path__[0])
+    script = ScriptDirectory.from_config(config)
+    oldest_first = [rev.revision for rev in reversed(list(script.walk_revisions()))]
+    assert tuple(oldest_first) == storage.KNOWN_REVISIONS
+
+
+def test_migrated_schema_matches_the_tables_the_code_uses(buffer):
+    make_buffer(buffer)
+    engine = sa.create_engine(f"sqlite:///{buffer}")
+    with engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), storage.metadata)
+    engine.dispose()
+    assert diff == []
+
+
+def test_opening_a_current_buffer_does_not_import_alembic(buffer):
+    make_buffer(buffer)
+    code = (
+        "import sys, walbuf\n"
+        f"walbuf.Writer({str(buffer)!r}, writer='w2').log({{'a': 1}})\n"
+        f"list(walbuf.read({str(buffer)!r}))\n"
+        "assert 'alembic' not in sys.modules, 'alembic was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_buffer_from_a_newer_schema_is_refused_and_left_untouched(buffer):
+    make_buffer(buffer)
+    with sqlite3.connect(buffer) as conn:
+        conn.execute("UPDATE alembic_version SET version_num = '9999_future'")
+    before = buffer.read_bytes()
+    with pytest.raises(walbuf.SchemaTooNewError, match="upgrade walbuf"):
+        walbuf.Writer(buffer, writer="w")
+    with pytest.raises(walbuf.SchemaTooNewError):
+        list(walbuf.read(buffer))
+    with sqlite3.connect(buffer) as conn:
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchone()[0] == "9999_future"
+        assert conn.execute("SELECT count(*) FROM records").fetchone()[0] == 1
+    assert buffer.read_bytes() == before
+
+
+def test_file_that_is_not_a_database_is_reported_as_corrupt(buffer):
+    buffer.parent.mkdir(parents=True)
+    buffer.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(walbuf.BufferCorruptError, match="not a readable walbuf buffer"):
+        walbuf.Writer(buffer, writer="w")
+    assert buffer.read_bytes() == b"this is not sqlite" * 100
+
+
+def test_reading_a_missing_buffer_raises_and_creates_nothing(buffer):
+    with pytest.raises(walbuf.BufferNotFoundError, match=str(buffer)):
+        list(walbuf.read(buffer))
+    assert not buffer.exists()
+
+
+def test_read_filters_by_run_and_writer(buffer):
+    with walbuf.Writer(buffer, writer="a", run="r1") as a, walbuf.Writer(buffer, writer="b", run="r2") as b:
+        a.log({"x": 1})
+        b.log({"x": 2})
+        a.log({"x": 3})
+    assert [r.metrics["x"] for r in walbuf.read(buffer, run="r1")] == [1, 3]
+    assert [r.metrics["x"] for r in walbuf.read(buffer, writer="b")] == [2]
+    assert [r.metrics["x"] for r in walbuf.read(buffer)] == [1, 2, 3]
+
+
+def test_read_sees_one_snapshot(buffer):
+    make_buffer(buffer, records=3)
+    records = walbuf.read(buffer)
+    first = next(records)
+    with walbuf.Writer(buffer, writer="late") as late:
+        late.log({"late": True})
+    assert [first, *records][-1].writer == "w"
