@@ -104,3 +104,25 @@ def test_read_sees_one_snapshot(buffer):
     with walbuf.Writer(buffer, writer="late") as late:
         late.log({"late": True})
     assert [first, *records][-1].writer == "w"
+
+
+def test_buffer_at_an_older_revision_is_upgraded_keeping_its_records(buffer):
+    buffer.parent.mkdir(parents=True)
+    engine = sa.create_engine(f"sqlite:///{buffer}")
+    with engine.begin() as conn:
+        storage.upgrade(conn, KNOWN_OLDEST)
+        conn.exec_driver_sql("INSERT INTO runs (id, name, created_at) VALUES (1, 'old', 0)")
+        conn.exec_driver_sql(
+            "INSERT INTO writers (id, run_id, name, step_axis, host, pid, opened_at)"
+            " VALUES (1, 1, 'w', 'step', 'h', 1, 0)"
+        )
+        conn.exec_driver_sql("INSERT INTO records (writer_id, step, time, metrics) VALUES (1, 4, 0, '{\"a\": 1}')")
+    engine.dispose()
+    with walbuf.Writer(buffer, writer="w", run="old") as w:
+        assert w.log({"a": 2}) == 5
+    assert [(r.step, r.metrics) for r in walbuf.read(buffer)] == [(4, {"a": 1}), (5, {"a": 2})]
+    with sqlite3.connect(buffer) as conn:
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchone()[0] == storage.HEAD_REVISION
+
+
+KNOWN_OLDEST = storage.KNOWN_REVISIONS[0]

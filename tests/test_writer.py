@@ -239,7 +239,7 @@ def test_arguments_win_over_the_environment(buffer, monkeypatch):
 def test_default_writer_id_is_host_and_pid(buffer):
     with walbuf.Writer(buffer) as w:
         assert w.writer == f"{socket.gethostname()}-{os.getpid()}"
-        assert w.step_axis == f"{w.writer}/step"
+        assert w.step_axis == "step"
         assert w.run == "default"
 
 
@@ -276,3 +276,24 @@ class TestModuleLevel:
             assert first.closed and not second.closed
         finally:
             second.close()
+
+
+def test_writer_id_with_a_slash_is_refused(buffer):
+    with pytest.raises(walbuf.ConfigError, match="'/'"):
+        walbuf.Writer(buffer, writer="rank/0")
+    assert not buffer.exists() or record_count(buffer) == 0
+
+
+def test_wandb_target_given_to_init_is_stored_for_the_run(buffer):
+    with walbuf.Writer(buffer, writer="w", run="exp1", project="p", entity="e", run_id="abc123"):
+        pass
+    with sqlite3.connect(buffer) as conn:
+        row = conn.execute("SELECT wandb_id, project, entity FROM runs WHERE name = 'exp1'").fetchone()
+    assert row == ("abc123", "p", "e")
+
+
+def test_target_that_conflicts_with_the_stored_one_is_refused(buffer):
+    walbuf.Writer(buffer, writer="w", run="exp1", project="p").close()
+    walbuf.Writer(buffer, writer="w2", run="exp1").close()  # leaving it out uses the stored one
+    with pytest.raises(walbuf.TargetConflictError, match="project 'p', not 'q'"):
+        walbuf.Writer(buffer, writer="w3", run="exp1", project="q")

@@ -22,6 +22,7 @@ from .errors import (
     SchemaTooNewError,
     StepOrderError,
     StorageError,
+    TargetConflictError,
     WalbufError,
     WriterClosedError,
     WriterConflictError,
@@ -52,6 +53,7 @@ __all__ = [
     "MetricValueError",
     "StepOrderError",
     "WriterConflictError",
+    "TargetConflictError",
     "WriterClosedError",
     "NoWriterError",
 ]

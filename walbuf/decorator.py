@@ -22,6 +22,9 @@ def logged(
     run: str | None = None,
     durability: str = "normal",
     wait: float = DEFAULT_WAIT,
+    project: str | None = None,
+    entity: str | None = None,
+    run_id: str | None = None,
 ) -> Callable[[F], F]:
     """Log the dict a function returns as one record; other return values pass through.
 
@@ -50,6 +53,9 @@ def logged(
                     run=run,
                     durability=durability,
                     wait=wait,
+                    project=project,
+                    entity=entity,
+                    run_id=run_id,
                 ) as w:
                     w.log(result)
             return result

@@ -53,6 +53,10 @@ class WriterConflictError(WalbufError):
     """Another live writer already uses this writer id in this run, or uses it with another step axis."""
 
 
+class TargetConflictError(WalbufError, ValueError):
+    """A W&B run id, project or entity that differs from what the buffer holds for the run."""
+
+
 class WriterClosedError(WalbufError):
     """log() on a writer that was closed."""
 
@@ -73,6 +77,7 @@ __all__ = [
     "SchemaTooNewError",
     "BufferBusyError",
     "WriterConflictError",
+    "TargetConflictError",
     "WriterClosedError",
     "NoWriterError",
 ]

@@ -18,6 +18,7 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +32,14 @@ from .errors import (
     BufferNotFoundError,
     SchemaTooNewError,
     StorageError,
+    TargetConflictError,
+    WriterConflictError,
 )
 from .record import Record, decode
 
 # Every revision in migrations/versions, oldest first. The newest is the schema
 # this code reads and writes; tests check this list against Alembic's own.
-KNOWN_REVISIONS: tuple[str, ...] = ("0001",)
+KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002")
 HEAD_REVISION = KNOWN_REVISIONS[-1]
 
 DURABILITY_LEVELS = {"normal": "NORMAL", "fsync": "FULL"}
@@ -57,6 +60,12 @@ runs = sa.Table(
     sa.Column("id", sa.Integer, primary_key=True),
     sa.Column("name", sa.Text, nullable=False, unique=True),
     sa.Column("created_at", sa.Float, nullable=False),
+    # The W&B run this run syncs into; set by walbuf.init or the first sync.
+    sa.Column("wandb_id", sa.Text),
+    sa.Column("project", sa.Text),
+    sa.Column("entity", sa.Text),
+    # Rows written to offline run directories so far: the next one's first _step.
+    sa.Column("offline_step", sa.BigInteger, nullable=False, server_default="0"),
 )
 
 writers = sa.Table(
@@ -70,6 +79,9 @@ writers = sa.Table(
     sa.Column("host", sa.Text, nullable=False),
     sa.Column("pid", sa.Integer, nullable=False),
     sa.Column("opened_at", sa.Float, nullable=False),
+    # The sync cursor: every record of this writer with id <= synced_id has
+    # been uploaded (W&B confirmed it). Advanced only after confirmation.
+    sa.Column("synced_id", sa.Integer, nullable=False, server_default="0"),
     sa.UniqueConstraint("run_id", "name", name="uq_writers_run_name"),
 )
 
@@ -86,6 +98,25 @@ records = sa.Table(
     # id plus one, as long as the row with the largest id is never deleted
     # (pruning must keep it). Readers scan by id: a writer's last step is
     # found scanning back from the newest row.
+)
+
+
+syncs = sa.Table(
+    "syncs",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id"), nullable=False),
+    sa.Column("mode", sa.Text, nullable=False),  # "online" or "offline"
+    # "running" until it ends: "ok", "failed", or "interrupted" (its syncer died).
+    sa.Column("status", sa.Text, nullable=False),
+    sa.Column("started_at", sa.Float, nullable=False),
+    sa.Column("finished_at", sa.Float),
+    # The upload covers the run's pending records with id <= last_id.
+    sa.Column("last_id", sa.Integer, nullable=False),
+    sa.Column("records", sa.Integer, nullable=False),
+    sa.Column("message", sa.Text),
+    sa.Column("host", sa.Text, nullable=False),
+    sa.Column("pid", sa.Integer, nullable=False),
 )
 
 
@@ -223,21 +254,25 @@ class Storage:
     # -- queries -------------------------------------------------------------
 
     def register_writer(
-        self, run: str, writer: str, step_axis: str, host: str, pid: int
+        self,
+        run: str,
+        writer: str,
+        step_axis: str,
+        host: str,
+        pid: int,
+        target: Target | None = None,
     ) -> tuple[int, int | None]:
         """Create the run and writer if new; return (writer row id, last step or None).
 
-        Raises WriterConflictError if the writer exists with another step axis.
+        ``target`` (W&B id, project, entity) is stored for the run where it
+        holds none yet. Raises WriterConflictError if the writer exists with
+        another step axis, TargetConflictError if the run has another target.
         """
-        from .errors import WriterConflictError
-
         now = time.time()
         with self.begin_write() as conn:
-            run_id = conn.scalar(sa.select(runs.c.id).where(runs.c.name == run))
-            if run_id is None:
-                run_id = conn.execute(
-                    runs.insert().values(name=run, created_at=now)
-                ).inserted_primary_key[0]
+            run_id = self._run_id(conn, run, now)
+            if target is not None:
+                set_target(conn, run_id, run, target)
             row = conn.execute(
                 sa.select(writers.c.id, writers.c.step_axis).where(
                     writers.c.run_id == run_id, writers.c.name == writer
@@ -245,8 +280,13 @@ class Storage:
             ).first()
             values = {"host": host, "pid": pid, "opened_at": now}
             if row is None:
+                # A new writer has no records at or below the newest id, so its
+                # cursor starts there: syncs never rescan older records for it.
+                newest = conn.scalar(sa.select(sa.func.coalesce(sa.func.max(records.c.id), 0)))
                 writer_id = conn.execute(
-                    writers.insert().values(run_id=run_id, name=writer, step_axis=step_axis, **values)
+                    writers.insert().values(
+                        run_id=run_id, name=writer, step_axis=step_axis, synced_id=newest, **values
+                    )
                 ).inserted_primary_key[0]
                 return writer_id, None
             if row.step_axis != step_axis:
@@ -262,6 +302,13 @@ class Storage:
                 .limit(1)
             )
             return row.id, last_step
+
+    @staticmethod
+    def _run_id(conn: sa.Connection, run: str, now: float) -> int:
+        run_id = conn.scalar(sa.select(runs.c.id).where(runs.c.name == run))
+        if run_id is None:
+            run_id = conn.execute(runs.insert().values(name=run, created_at=now)).inserted_primary_key[0]
+        return run_id
 
     def insert_sql(self) -> str:
         """The compiled INSERT of one record: (writer_id, step, time, metrics), positional."""
@@ -289,6 +336,43 @@ class Storage:
         with self.begin_read() as conn:
             for row in conn.execution_options(yield_per=1000).execute(query):
                 yield Record(row[0], row[1], row[2], row[3], decode(row[4]))
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a run syncs to in W&B. None: not chosen (yet)."""
+
+    wandb_id: str | None = None
+    project: str | None = None
+    entity: str | None = None
+
+
+def set_target(conn: sa.Connection, run_id: int, run: str, target: Target) -> Target:
+    """Store the parts of ``target`` the run lacks; return the run's whole target.
+
+    A part that differs from what the run already holds raises
+    TargetConflictError and stores nothing.
+    """
+    row = conn.execute(
+        sa.select(runs.c.wandb_id, runs.c.project, runs.c.entity).where(runs.c.id == run_id)
+    ).one()
+    stored = Target(*row)
+    updates = {}
+    for field in ("wandb_id", "project", "entity"):
+        new, old = getattr(target, field), getattr(stored, field)
+        if new is None:
+            continue
+        if old is None:
+            updates[field] = new
+        elif new != old:
+            option = {"wandb_id": "run id", "project": "project", "entity": "entity"}[field]
+            raise TargetConflictError(
+                f"run {run!r} of this buffer syncs to W&B {option} {old!r}, not {new!r};"
+                f" leave the {option} out to use {old!r}, or log to another walbuf run"
+            )
+    if updates:
+        conn.execute(runs.update().where(runs.c.id == run_id).values(**updates))
+    return Target(**{**stored.__dict__, **updates})
 
 
 def _on_begin(conn: sa.Connection) -> None:

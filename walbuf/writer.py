@@ -41,13 +41,14 @@ from .errors import (
     WriterConflictError,
 )
 from .record import encode, flatten
-from .storage import DURABILITY_LEVELS, Storage, resolve_url, storage_error, writers
+from .storage import DURABILITY_LEVELS, Storage, Target, resolve_url, storage_error, writers
 
 ENV_BUFFER = "WALBUF_BUFFER"
 ENV_WRITER = "WALBUF_WRITER"
 ENV_RUN = "WALBUF_RUN"
 ENV_STEP_AXIS = "WALBUF_STEP_AXIS"
 DEFAULT_RUN = "default"
+DEFAULT_STEP_AXIS = "step"
 MAX_STEP = 2**63 - 1
 
 
@@ -70,6 +71,12 @@ def _setting(name: str, value: Any, env: str, default: str | None) -> str:
         raise ConfigError(f"{name} must be a str, not {type(value).__qualname__}")
     if not value:
         raise ConfigError(f"{name} must not be empty (give it, or set {env})")
+    return value
+
+
+def _optional(name: str, value: Any) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ConfigError(f"{name} must be a non-empty str or None, not {value!r}")
     return value
 
 
@@ -100,6 +107,9 @@ class Writer:
         run: str | None = None,
         durability: str = "normal",
         wait: float = 0.0,
+        project: str | None = None,
+        entity: str | None = None,
+        run_id: str | None = None,
     ) -> None:
         if durability not in DURABILITY_LEVELS:
             raise ConfigError(
@@ -113,6 +123,11 @@ class Writer:
         self._step_axis_arg = step_axis
         self._durability = durability
         self._wait = float(wait)
+        self._target = Target(
+            wandb_id=_optional("run_id", run_id),
+            project=_optional("project", project),
+            entity=_optional("entity", entity),
+        )
         self._init_process_state()
         self._open()
 
@@ -130,13 +145,18 @@ class Writer:
 
     def _open(self) -> None:
         writer = _setting("writer", self._writer_arg, ENV_WRITER, default_writer_id())
-        step_axis = _setting("step_axis", self._step_axis_arg, ENV_STEP_AXIS, f"{writer}/step")
+        if "/" in writer:
+            raise ConfigError(
+                f"writer id {writer!r} contains '/': in W&B a writer's keys are prefixed"
+                " with '<writer>/', so ids must not contain it"
+            )
+        step_axis = _setting("step_axis", self._step_axis_arg, ENV_STEP_AXIS, DEFAULT_STEP_AXIS)
         storage = Storage(self._url, durability=self._durability)
         try:
             owner = self._own(storage, writer)
             try:
                 writer_pk, last_step = storage.register_writer(
-                    self._run, writer, step_axis, socket.gethostname(), os.getpid()
+                    self._run, writer, step_axis, socket.gethostname(), os.getpid(), self._target
                 )
                 connection = storage.raw_connection()
             except BaseException:
@@ -330,6 +350,7 @@ class Writer:
             "step_axis": self._step_axis_arg,
             "durability": self._durability,
             "wait": self._wait,
+            "target": self._target,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -339,6 +360,7 @@ class Writer:
         self._step_axis_arg = state["step_axis"]
         self._durability = state["durability"]
         self._wait = state["wait"]
+        self._target = state["target"]
         self._init_process_state()
         self._writer = self._writer_arg or "<not yet opened>"
 
@@ -359,6 +381,9 @@ def init(
     run: str | None = None,
     durability: str = "normal",
     wait: float = 0.0,
+    project: str | None = None,
+    entity: str | None = None,
+    run_id: str | None = None,
 ) -> Writer:
     """Open a Writer and make it this process's default for :func:`walbuf.log`.
 
@@ -366,11 +391,15 @@ def init(
     the file and its directory are created if missing. ``writer`` is this
     stream's id (default: $WALBUF_WRITER, else rank-$RANK, else host-pid),
     ``step_axis`` the name its steps are logged under (default:
-    $WALBUF_STEP_AXIS, else "<writer>/step"), ``run`` the run it belongs to
-    (default: $WALBUF_RUN, else "default"). ``durability`` is "normal"
-    (survives the process dying) or "fsync" (survives power loss). ``wait`` is
-    how many seconds to wait for another process that holds the same writer id
-    to close it before raising WriterConflictError.
+    $WALBUF_STEP_AXIS, else "step"; in W&B it becomes "<writer>/<step_axis>"),
+    ``run`` the run it belongs to (default: $WALBUF_RUN, else "default").
+    ``durability`` is "normal" (survives the process dying) or "fsync"
+    (survives power loss). ``wait`` is how many seconds to wait for another
+    process that holds the same writer id to close it before raising
+    WriterConflictError. ``project``, ``entity`` and ``run_id`` choose the
+    W&B run that ``walbuf sync`` uploads this run to; they are stored in the
+    buffer, and one that differs from what the buffer holds raises
+    TargetConflictError (the sync generates a run id when none is given).
 
     A previous default writer of this process is closed first.
     """
@@ -379,7 +408,15 @@ def init(
         _default.close()
         _default = None
     _default = Writer(
-        buffer, writer=writer, step_axis=step_axis, run=run, durability=durability, wait=wait
+        buffer,
+        writer=writer,
+        step_axis=step_axis,
+        run=run,
+        durability=durability,
+        wait=wait,
+        project=project,
+        entity=entity,
+        run_id=run_id,
     )
     return _default
 

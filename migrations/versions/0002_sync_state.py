@@ -1,0 +1,51 @@
+"""Sync state: each run's W&B target, each writer's cursor, and a log of syncs.
+
+Revision ID: 0002
+Revises: 0001
+Create Date: 2026-12-02
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0002"
+down_revision = "0001"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("runs") as batch:
+        batch.add_column(sa.Column("wandb_id", sa.Text, nullable=True))
+        batch.add_column(sa.Column("project", sa.Text, nullable=True))
+        batch.add_column(sa.Column("entity", sa.Text, nullable=True))
+        batch.add_column(
+            sa.Column("offline_step", sa.BigInteger, nullable=False, server_default="0")
+        )
+    with op.batch_alter_table("writers") as batch:
+        batch.add_column(sa.Column("synced_id", sa.Integer, nullable=False, server_default="0"))
+    op.create_table(
+        "syncs",
+        sa.Column("id", sa.Integer, primary_key=True),
+        sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id"), nullable=False),
+        sa.Column("mode", sa.Text, nullable=False),
+        sa.Column("status", sa.Text, nullable=False),
+        sa.Column("started_at", sa.Float, nullable=False),
+        sa.Column("finished_at", sa.Float, nullable=True),
+        sa.Column("last_id", sa.Integer, nullable=False),
+        sa.Column("records", sa.Integer, nullable=False),
+        sa.Column("message", sa.Text, nullable=True),
+        sa.Column("host", sa.Text, nullable=False),
+        sa.Column("pid", sa.Integer, nullable=False),
+    )
+
+
+def downgrade() -> None:
+    op.drop_table("syncs")
+    with op.batch_alter_table("writers") as batch:
+        batch.drop_column("synced_id")
+    with op.batch_alter_table("runs") as batch:
+        batch.drop_column("offline_step")
+        batch.drop_column("entity")
+        batch.drop_column("project")
+        batch.drop_column("wandb_id")
