@@ -57,6 +57,14 @@ class TargetConflictError(WalbufError, ValueError):
     """A W&B run id, project or entity that differs from what the buffer holds for the run."""
 
 
+class SyncLockedError(WalbufError):
+    """Another syncer of the same buffer is running."""
+
+
+class UploadError(WalbufError):
+    """W&B could not be reached or did not confirm the upload; nothing was marked synced."""
+
+
 class WriterClosedError(WalbufError):
     """log() on a writer that was closed."""
 
@@ -78,6 +86,8 @@ __all__ = [
     "BufferBusyError",
     "WriterConflictError",
     "TargetConflictError",
+    "SyncLockedError",
+    "UploadError",
     "WriterClosedError",
     "NoWriterError",
 ]

@@ -120,6 +120,17 @@ syncs = sa.Table(
 )
 
 
+# Every metric key a writer's synced records hold. A sync's config carries only
+# the metric definitions made in that sync, and W&B may keep only the latest
+# config's, so each sync declares all of the run's metrics again.
+metric_keys = sa.Table(
+    "metric_keys",
+    metadata,
+    sa.Column("writer_id", sa.Integer, sa.ForeignKey("writers.id"), primary_key=True),
+    sa.Column("key", sa.Text, primary_key=True),
+)
+
+
 def resolve_url(buffer: str | os.PathLike[str]) -> sa.URL:
     """Turn a path or SQLAlchemy URL into an absolute SQLite URL, or raise ConfigError."""
     text = os.fspath(buffer)
@@ -347,32 +358,37 @@ class Target:
     entity: str | None = None
 
 
-def set_target(conn: sa.Connection, run_id: int, run: str, target: Target) -> Target:
-    """Store the parts of ``target`` the run lacks; return the run's whole target.
-
-    A part that differs from what the run already holds raises
-    TargetConflictError and stores nothing.
-    """
+def read_target(conn: sa.Connection, run_id: int) -> Target:
     row = conn.execute(
         sa.select(runs.c.wandb_id, runs.c.project, runs.c.entity).where(runs.c.id == run_id)
     ).one()
-    stored = Target(*row)
-    updates = {}
-    for field in ("wandb_id", "project", "entity"):
-        new, old = getattr(target, field), getattr(stored, field)
-        if new is None:
-            continue
-        if old is None:
-            updates[field] = new
-        elif new != old:
-            option = {"wandb_id": "run id", "project": "project", "entity": "entity"}[field]
+    return Target(*row)
+
+
+def merge_target(stored: Target, given: Target, run: str) -> Target:
+    """``stored`` with the parts it lacks taken from ``given``.
+
+    A part that both hold with different values raises TargetConflictError.
+    """
+    merged = {}
+    for part, option in (("wandb_id", "run id"), ("project", "project"), ("entity", "entity")):
+        new, old = getattr(given, part), getattr(stored, part)
+        if new is not None and old is not None and new != old:
             raise TargetConflictError(
                 f"run {run!r} of this buffer syncs to W&B {option} {old!r}, not {new!r};"
                 f" leave the {option} out to use {old!r}, or log to another walbuf run"
             )
-    if updates:
-        conn.execute(runs.update().where(runs.c.id == run_id).values(**updates))
-    return Target(**{**stored.__dict__, **updates})
+        merged[part] = old if old is not None else new
+    return Target(**merged)
+
+
+def set_target(conn: sa.Connection, run_id: int, run: str, given: Target) -> Target:
+    """Store the parts of ``given`` the run lacks (see merge_target); return the run's target."""
+    stored = read_target(conn, run_id)
+    merged = merge_target(stored, given, run)
+    if merged != stored:
+        conn.execute(runs.update().where(runs.c.id == run_id).values(**merged.__dict__))
+    return merged
 
 
 def _on_begin(conn: sa.Connection) -> None:

