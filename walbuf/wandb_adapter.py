@@ -8,6 +8,7 @@ the sync instead of hanging it. Any failure of wandb's becomes UploadError.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from pathlib import Path
@@ -82,12 +83,48 @@ class WandbRun:
 
 
 def _retry_settings() -> dict[str, Any]:
-    """Bounded retries: a server that stays unreachable fails the sync within about a minute."""
-    return {}
+    """Bounded retries: a W&B server that stays unreachable fails the sync in well under a minute.
+
+    The next sync (cron's next run) is the real retry; these only ride out
+    a blip.
+    """
+    return {
+        "init_timeout": 90,
+        "x_graphql_retry_max": 3,
+        "x_graphql_retry_wait_min_seconds": 1,
+        "x_graphql_retry_wait_max_seconds": 5,
+        "x_file_stream_retry_max": 3,
+        "x_file_stream_retry_wait_min_seconds": 1,
+        "x_file_stream_retry_wait_max_seconds": 5,
+        "x_file_transfer_retry_max": 3,
+        "x_file_transfer_retry_wait_min_seconds": 1,
+        "x_file_transfer_retry_wait_max_seconds": 5,
+    }
 
 
 def _upload_failure(run: Any) -> str | None:
-    """What went wrong with a finished run's upload, or None if wandb confirms it."""
+    """The first error wandb-core logged for this run, or None.
+
+    run.finish() returns normally even when wandb-core gave up on the upload
+    (seen with wandb 0.31: the file_stream failing with HTTP 500, or the
+    server gone, after retries). What wandb-core does report is an ERROR
+    record in the run's internal log (JSON lines, settings.log_internal);
+    each sync is its own wandb process and run directory, so every line there
+    is about this upload. Any error counts: the records stay pending and are
+    sent again, at worst twice, never lost.
+    """
+    path = Path(run.settings.log_internal)
+    if not path.exists():
+        return "wandb wrote no internal log, so the upload cannot be confirmed"
+    with path.open(encoding="utf-8", errors="replace") as log:
+        for line in log:
+            if '"level":"ERROR' not in line:
+                continue
+            try:
+                message = json.loads(line).get("msg", line)
+            except json.JSONDecodeError:
+                message = line
+            return str(message).splitlines()[0][:300]
     return None
 
 

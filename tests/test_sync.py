@@ -1,0 +1,357 @@
+"""walbuf sync, as cron runs it, against a fake W&B server the real wandb SDK talks to.
+
+Every assertion about uploads is on what the fake server received.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import walbuf
+from wandb_server import FakeWandb
+
+TESTS = Path(__file__).parent
+
+
+@pytest.fixture
+def server():
+    with FakeWandb() as fake:
+        yield fake
+
+
+def run_sync(server, buffer, *args, timeout=120, env=None):
+    """`walbuf sync BUFFER ARGS` in its own process, as cron would run it."""
+    full_env = {**os.environ, **server.env(), **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "walbuf", "sync", str(buffer), "--quiet", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+    )
+
+
+def run_status(buffer):
+    proc = subprocess.run(
+        [sys.executable, "-m", "walbuf", "status", str(buffer), "--json"], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def pending(buffer):
+    return {(r["run"], w["writer"]): w["pending"] for r in run_status(buffer)["runs"] for w in r["writers"]}
+
+
+def rows_of(fake_run, writer, axis="step"):
+    """(step, metrics without the writer prefix) of one writer's rows, in arrival order."""
+    prefix = writer + "/"
+    out = []
+    for row in fake_run.history:
+        if prefix + axis not in row:
+            continue
+        metrics = {k[len(prefix):]: v for k, v in row.items() if k.startswith(prefix) and k != prefix + axis}
+        out.append((row[prefix + axis], metrics))
+    return out
+
+
+def log_records(buffer, writer, n, *, run="exp1", start=0, axis="step", **target):
+    with walbuf.Writer(buffer, writer=writer, run=run, step_axis=axis, **target) as w:
+        for i in range(start, start + n):
+            w.log({"loss": 1.0 / (i + 1), "i": i})
+
+
+def the_run(server, buffer, run="exp1"):
+    wandb_id = next(r["wandb_id"] for r in run_status(buffer)["runs"] if r["run"] == run)
+    return server.run(wandb_id)
+
+
+def test_every_record_arrives_once_on_its_writers_axis(server, buffer):
+    log_records(buffer, "rank-0", 5)
+    log_records(buffer, "rank-1", 3)
+    log_records(buffer, "eval", 2, axis="eval_step")
+    proc = run_sync(server, buffer, "--project", "proj", "--entity", "ent")
+    assert proc.returncode == 0, proc.stderr
+    fake_run = the_run(server, buffer)
+    assert rows_of(fake_run, "rank-0") == [(i, {"loss": 1.0 / (i + 1), "i": i}) for i in range(5)]
+    assert rows_of(fake_run, "rank-1") == [(i, {"loss": 1.0 / (i + 1), "i": i}) for i in range(3)]
+    assert [step for step, _ in rows_of(fake_run, "eval", axis="eval_step")] == [0, 1]
+    assert len(fake_run.history) == 10
+    assert pending(buffer) == {("exp1", "rank-0"): 0, ("exp1", "rank-1"): 0, ("exp1", "eval"): 0}
+
+
+def test_two_writers_logging_the_same_key_stay_apart(server, buffer):
+    log_records(buffer, "rank-0", 2)
+    log_records(buffer, "rank-1", 2)
+    assert run_sync(server, buffer).returncode == 0
+    keys = set().union(*the_run(server, buffer).history)
+    assert {"rank-0/loss", "rank-1/loss", "rank-0/step", "rank-1/step"} <= keys
+    assert "loss" not in keys
+
+
+def test_each_metric_is_declared_on_its_writers_step_axis(server, buffer):
+    log_records(buffer, "rank-0", 2)
+    log_records(buffer, "eval", 1, axis="eval_step")
+    assert run_sync(server, buffer).returncode == 0
+    declared = the_run(server, buffer).metric_definitions()
+    assert declared["rank-0/loss"] == "rank-0/step"
+    assert declared["rank-0/i"] == "rank-0/step"
+    assert declared["eval/loss"] == "eval/eval_step"
+
+
+def test_a_later_sync_declares_the_metrics_of_earlier_ones_again(server, buffer):
+    log_records(buffer, "rank-0", 2)
+    assert run_sync(server, buffer).returncode == 0
+    with walbuf.Writer(buffer, writer="eval", run="exp1") as w:
+        w.log({"acc": 0.5})
+    assert run_sync(server, buffer).returncode == 0
+    declared = the_run(server, buffer).metric_definitions()
+    assert declared["rank-0/loss"] == "rank-0/step" and declared["eval/acc"] == "eval/step"
+
+
+def test_values_of_every_kind_arrive(server, buffer):
+    with walbuf.Writer(buffer, writer="w", run="exp1") as w:
+        w.log({"int": 3, "float": 0.25, "nan": float("nan"), "inf": float("inf"), "flag": True, "text": "hi"})
+    assert run_sync(server, buffer).returncode == 0
+    ((step, metrics),) = rows_of(the_run(server, buffer), "w")
+    assert step == 0
+    assert metrics["int"] == 3 and metrics["float"] == 0.25 and metrics["flag"] is True and metrics["text"] == "hi"
+    assert math.isnan(metrics["nan"]) and metrics["inf"] == math.inf
+
+
+def test_rows_carry_the_time_the_record_was_logged(server, buffer):
+    log_records(buffer, "w", 1)
+    (record,) = walbuf.read(buffer)
+    assert run_sync(server, buffer).returncode == 0
+    (row,) = the_run(server, buffer).history
+    assert row["_timestamp"] == pytest.approx(record.time, abs=1e-3)
+
+
+def test_cron_like_syncs_send_each_record_once(server, buffer):
+    for round_ in range(3):
+        log_records(buffer, "rank-0", 4, start=4 * round_)
+        assert run_sync(server, buffer).returncode == 0
+    assert run_sync(server, buffer).returncode == 0  # nothing new: nothing sent
+    assert [s for s, _ in rows_of(the_run(server, buffer), "rank-0")] == list(range(12))
+
+
+def test_records_appended_during_a_sync_go_in_the_next_one(server, buffer):
+    writer = subprocess.Popen(
+        [sys.executable, str(TESTS / "writer_loop.py"), str(buffer)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert writer.stdout is not None and writer.stdout.readline() == "ready\n"
+        for _ in range(3):
+            writer.stdout.readline()
+            assert run_sync(server, buffer).returncode == 0
+    finally:
+        writer.kill()
+        writer.wait()
+    assert run_sync(server, buffer).returncode == 0
+    logged = [r.step for r in walbuf.read(buffer)]
+    received = [s for s, _ in rows_of(the_run(server, buffer, run="crash"), "victim")]
+    assert sorted(received) == logged == list(range(len(logged)))
+
+
+def test_server_down_exits_75_and_advances_nothing_then_a_retry_sends_all(server, buffer):
+    log_records(buffer, "rank-0", 3)
+    server.go_down()
+    proc = run_sync(server, buffer)
+    assert proc.returncode == 75, proc.stderr
+    assert "W&B" in proc.stderr and "Traceback" not in proc.stderr
+    assert pending(buffer) == {("exp1", "rank-0"): 3}
+    server.go_up()
+    assert run_sync(server, buffer).returncode == 0
+    assert [s for s, _ in rows_of(the_run(server, buffer), "rank-0")] == [0, 1, 2]
+    assert pending(buffer) == {("exp1", "rank-0"): 0}
+
+
+def test_server_failing_mid_upload_exits_75_and_advances_nothing(server, buffer):
+    log_records(buffer, "rank-0", 3)
+    server.fail_with(500, paths="file_stream")
+    proc = run_sync(server, buffer)
+    assert proc.returncode == 75, proc.stderr
+    assert pending(buffer) == {("exp1", "rank-0"): 3}
+    status = run_status(buffer)["runs"][0]["last_sync"]
+    assert status["status"] == "failed"
+    server.fail_with(None)
+    assert run_sync(server, buffer).returncode == 0
+    assert pending(buffer) == {("exp1", "rank-0"): 0}
+
+
+def test_target_is_stored_at_the_first_sync_and_reused(server, buffer):
+    log_records(buffer, "w", 1)
+    assert run_sync(server, buffer, "--project", "proj", "--entity", "ent").returncode == 0
+    first = run_status(buffer)["runs"][0]
+    assert (first["project"], first["entity"]) == ("proj", "ent") and first["wandb_id"]
+    log_records(buffer, "w", 1, start=1)
+    assert run_sync(server, buffer).returncode == 0
+    assert run_status(buffer)["runs"][0]["wandb_id"] == first["wandb_id"]
+    assert len(server.run(first["wandb_id"]).history) == 2
+
+
+def test_target_given_to_init_is_used(server, buffer):
+    log_records(buffer, "w", 1, project="proj", entity="ent", run_id="fixedid1")
+    assert run_sync(server, buffer).returncode == 0
+    fake_run = server.run("fixedid1")
+    assert (fake_run.entity, fake_run.project) == ("ent", "proj")
+
+
+def test_conflicting_override_is_a_clear_error_and_sends_nothing(server, buffer):
+    log_records(buffer, "w", 1, project="proj")
+    proc = run_sync(server, buffer, "--project", "other")
+    assert proc.returncode == 78
+    assert "'proj', not 'other'" in proc.stderr
+    assert server.runs == {}
+    assert pending(buffer) == {("exp1", "w"): 1}
+
+
+def test_run_id_for_a_buffer_of_several_runs_needs_run(server, buffer):
+    log_records(buffer, "w", 1, run="a")
+    log_records(buffer, "w", 1, run="b")
+    proc = run_sync(server, buffer, "--run-id", "x1")
+    assert proc.returncode == 78 and "--run NAME" in proc.stderr
+
+
+def test_several_runs_sync_into_several_wandb_runs(server, buffer):
+    log_records(buffer, "w", 2, run="a")
+    log_records(buffer, "w", 3, run="b")
+    assert run_sync(server, buffer).returncode == 0
+    assert len(the_run(server, buffer, run="a").history) == 2
+    assert len(the_run(server, buffer, run="b").history) == 3
+
+
+def test_run_option_syncs_only_that_run(server, buffer):
+    log_records(buffer, "w", 2, run="a")
+    log_records(buffer, "w", 3, run="b")
+    assert run_sync(server, buffer, "--run", "b").returncode == 0
+    assert pending(buffer) == {("a", "w"): 2, ("b", "w"): 0}
+
+
+def test_max_records_bounds_one_sync(server, buffer):
+    log_records(buffer, "rank-0", 5)
+    log_records(buffer, "rank-1", 5)
+    assert run_sync(server, buffer, "--max-records", "4").returncode == 0
+    assert sum(pending(buffer).values()) == 6
+    assert run_sync(server, buffer).returncode == 0
+    fake_run = the_run(server, buffer)
+    assert len(fake_run.history) == 10
+    assert [s for s, _ in rows_of(fake_run, "rank-1")] == list(range(5))
+
+
+def test_dry_run_sends_and_changes_nothing(server, buffer):
+    log_records(buffer, "w", 3)
+    proc = subprocess.run(
+        [sys.executable, "-m", "walbuf", "sync", str(buffer), "--dry-run"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **server.env()},
+    )
+    assert proc.returncode == 0
+    assert "3 records would be sent" in proc.stdout
+    assert server.runs == {}
+    status = run_status(buffer)["runs"][0]
+    assert status["pending"] == 3 and status["wandb_id"] is None and status["last_sync"] is None
+
+
+def test_missing_buffer_exits_66(server, tmp_path):
+    proc = run_sync(server, tmp_path / "nope.db")
+    assert proc.returncode == 66 and "no buffer at" in proc.stderr
+
+
+def test_second_syncer_exits_at_once_with_its_own_code(server, buffer):
+    log_records(buffer, "w", 1)
+    holder = walbuf.storage.Storage(buffer).lock_path("sync.lock")
+    from filelock import FileLock
+
+    with FileLock(holder):
+        start = time.monotonic()
+        proc = run_sync(server, buffer)
+        assert proc.returncode == 11
+        assert "another walbuf sync" in proc.stderr
+        assert time.monotonic() - start < 30
+    assert server.runs == {}
+
+
+def test_wait_lets_a_second_syncer_run_after_the_first(server, buffer):
+    log_records(buffer, "w", 1)
+    server.hold_uploads()
+    first = subprocess.Popen(
+        [sys.executable, "-m", "walbuf", "sync", str(buffer), "--quiet"], env={**os.environ, **server.env()}
+    )
+    server.wait_for_rows(1, timeout=60)  # the first holds the lock, mid-upload
+    second = subprocess.Popen(
+        [sys.executable, "-m", "walbuf", "sync", str(buffer), "--wait", "120"],
+        env={**os.environ, **server.env()},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    server.release_uploads()
+    assert first.wait(timeout=120) == 0
+    out, _ = second.communicate(timeout=120)
+    assert second.returncode == 0 and "nothing to sync" in out
+    assert len(the_run(server, buffer).history) == 1
+
+
+def test_kill_9_of_the_syncer_loses_nothing_and_reports_possible_duplicates(server, buffer):
+    log_records(buffer, "w", 200)
+    server.hold_uploads()  # the upload is under way, not yet confirmed
+    victim = subprocess.Popen(
+        [sys.executable, "-m", "walbuf", "sync", str(buffer), "--quiet"],
+        env={**os.environ, **server.env()},
+    )
+    server.wait_for_rows(1, timeout=60)
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait()
+    server.release_uploads()
+    assert pending(buffer) == {("exp1", "w"): 200}
+    assert run_status(buffer)["runs"][0]["last_sync"]["status"] == "running"
+    proc = subprocess.run(
+        [sys.executable, "-m", "walbuf", "sync", str(buffer)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **server.env()},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "200 of them were in an upload that was cut off" in proc.stderr
+    received = Counter(s for s, _ in rows_of(the_run(server, buffer), "w"))
+    assert set(received) == set(range(200))  # at least once each
+    assert pending(buffer) == {("exp1", "w"): 0}
+
+
+def test_status_json_has_records_and_pending_per_run_and_writer(buffer):
+    log_records(buffer, "rank-0", 3)
+    log_records(buffer, "rank-1", 1)
+    (run,) = run_status(buffer)["runs"]
+    assert run["run"] == "exp1" and run["records"] == 4 and run["pending"] == 4
+    assert {w["writer"]: (w["records"], w["pending"]) for w in run["writers"]} == {"rank-0": (3, 3), "rank-1": (1, 1)}
+
+
+def test_offline_mode_writes_a_run_directory_that_wandb_sync_uploads(server, buffer, tmp_path):
+    log_records(buffer, "rank-0", 3, project="proj", entity="ent", run_id="offline1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "walbuf", "sync", str(buffer), "--mode", "offline", "--dir", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **server.env()},
+    )
+    assert proc.returncode == 0, proc.stderr
+    command = next(line for line in proc.stdout.splitlines() if "wandb sync" in line).split("with: ", 1)[1]
+    assert server.runs == {}  # offline: nothing went to a server
+    assert pending(buffer) == {("exp1", "rank-0"): 0}
+    # wandb's own reader of its offline format: `wandb sync` reads the .wandb file and uploads it.
+    upload = subprocess.run(command.split(), capture_output=True, text=True, env={**os.environ, **server.env()})
+    assert upload.returncode == 0, upload.stderr
+    fake_run = server.run("offline1")
+    assert [s for s, _ in rows_of(fake_run, "rank-0")] == [0, 1, 2]
+    assert fake_run.metric_definitions()["rank-0/loss"] == "rank-0/step"

@@ -1,0 +1,340 @@
+"""A fake W&B backend that the real, unmodified wandb SDK talks to over 127.0.0.1.
+
+It answers the GraphQL operations wandb-core 0.31 sends for init, log and
+finish (UpsertBucket, CreateRunFiles, Viewer and server-info queries; any
+other operation gets an empty answer and is listed in ``unknown_operations``),
+accepts the file uploads it hands out URLs for, and the file_stream endpoint,
+and records what it received per run: history rows, summary, config (where
+define_metric's definitions arrive, as ``config["_wandb"]["value"]["m"]``),
+uploaded files, and whether the run was marked complete.
+
+file_stream posts carry, per file, an ``offset`` (the line number of their
+first line in that file) and ``content``. Like the real server, the fake
+keeps lines by offset, so a post the client retries does not duplicate rows.
+Each wandb process writes its own stream, and offsets restart at 0 in each:
+in shared mode several processes write one run. wandb-core 0.31 names its
+stream in the ``X-Wandb-Async-Client-Id`` header, and the fake keeps offsets
+per (client id, file). Config is kept as the latest UpsertBucket sent it (a
+shared-mode process sends only the metric definitions it made).
+
+Faults for tests: ``go_down()`` closes the listening socket (connections are
+refused) and ``go_up()`` listens again on the same port; ``fail_with(500)``
+answers every request (or only "graphql" or "file_stream") with that status;
+``hold_uploads()`` records history posts but leaves them unanswered until
+``release_uploads()``: the client waits for a confirmation that does not come.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import re
+import socket
+import sys
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+API_KEY = "walbuftest" + "0" * 30  # 40 characters, no dash (wandb splits keys at the first dash)
+
+
+@dataclass
+class FakeRun:
+    """What the server holds of one run."""
+
+    entity: str
+    project: str
+    id: str
+    history: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    upserts: list[dict[str, Any]] = field(default_factory=list)
+    files: dict[str, bytes] = field(default_factory=dict)
+    complete: bool = False
+    exit_code: int | None = None
+    # (client stream, file name) -> {line offset: line}
+    lines: dict[tuple[str, str], dict[int, str]] = field(default_factory=dict)
+
+    def metric_definitions(self) -> dict[str, str | None]:
+        """metric name -> its step metric's name, from the latest config's ``_wandb.m``.
+
+        wandb-core numbers the fields of each definition: "1" name, "2" glob
+        name, "5" the 1-based index of the step metric's own entry in the list.
+        """
+        entries = self.config.get("_wandb", {}).get("value", {}).get("m", [])
+        names = [e.get("1") or e.get("2") for e in entries]
+        return {
+            names[i]: (names[e["5"] - 1] if e.get("5") else None)
+            for i, e in enumerate(entries)
+            if names[i] is not None
+        }
+
+
+class FakeWandb:
+    """The server. Use as a context manager, or start() and stop()."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self.runs: dict[tuple[str, str, str], FakeRun] = {}
+        self.requests: list[tuple[str, str, str | None]] = []  # (method, path, graphql operation)
+        self.unknown_operations: list[str] = []
+        self._failure: tuple[int, str] | None = None
+        self._released = threading.Event()
+        self._released.set()
+        self._server: ThreadingHTTPServer | None = None
+        self.port = _free_port()
+
+    # -- lifecycle -------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        """Environment for a process whose wandb should talk to this server and nowhere else."""
+        return {
+            "WANDB_BASE_URL": self.url,
+            "WANDB_API_KEY": API_KEY,
+            "WANDB_SILENT": "true",
+            "WANDB_DISABLE_GIT": "true",
+            "WANDB_ERROR_REPORTING": "false",
+        }
+
+    def start(self) -> None:
+        handler = type("Handler", (_Handler,), {"fake": self})
+        self._server = _Server(("127.0.0.1", self.port), handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self._released.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> FakeWandb:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- faults ----------------------------------------------------------------
+
+    def go_down(self) -> None:
+        """Stop listening: clients get "connection refused"."""
+        self.stop()
+
+    def go_up(self) -> None:
+        """Listen again on the same port."""
+        self.start()
+
+    def fail_with(self, status: int | None, paths: str = "all") -> None:
+        """Answer requests to ``paths`` ("all", "graphql", "file_stream") with ``status``; None heals."""
+        assert paths in ("all", "graphql", "file_stream")
+        self._failure = None if status is None else (status, paths)
+
+    def hold_uploads(self) -> None:
+        """Record history posts but leave them unanswered until release_uploads()."""
+        self._released.clear()
+
+    def release_uploads(self) -> None:
+        self._released.set()
+
+    # -- what arrived ----------------------------------------------------------
+
+    def run(self, run_id: str) -> FakeRun:
+        """The run with this id (in whichever entity and project it arrived)."""
+        found = [r for (_, _, rid), r in self.runs.items() if rid == run_id]
+        assert len(found) == 1, f"run {run_id!r}: {len(found)} runs with that id; runs: {list(self.runs)}"
+        return found[0]
+
+    def wait_for_rows(self, n: int, timeout: float) -> None:
+        """Block until the server holds at least ``n`` history rows in all, or raise TimeoutError."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: sum(len(r.history) for r in self.runs.values()) >= n, timeout):
+                raise TimeoutError(f"fewer than {n} history rows arrived within {timeout}s")
+
+    # -- request handling (called from the handler threads) --------------------
+
+    def _run(self, entity: str, project: str, run_id: str) -> FakeRun:
+        key = (entity, project, run_id)
+        if key not in self.runs:
+            self.runs[key] = FakeRun(entity, project, run_id)
+        return self.runs[key]
+
+    def failing(self, kind: str) -> int | None:
+        if self._failure is None:
+            return None
+        status, paths = self._failure
+        return status if paths in ("all", kind) else None
+
+    def graphql(self, body: dict[str, Any]) -> dict[str, Any]:
+        query = body.get("query", "")
+        variables = body.get("variables") or {}
+        match = re.search(r"\b(?:query|mutation)\s+(\w+)", query)
+        operation = match.group(1) if match else ""
+        with self._lock:
+            self.requests.append(("POST", "/graphql", operation))
+            return self._answer(operation, query, variables)
+
+    def _answer(self, operation: str, query: str, variables: dict[str, Any]) -> dict[str, Any]:
+        if operation == "UpsertBucket":
+            return {"data": {"upsertBucket": self._upsert(variables)}}
+        if operation == "CreateRunFiles":
+            run = self._run(variables.get("entity") or "", variables.get("project") or "", variables.get("run") or "")
+            base = f"{self.url}/upload/{run.entity}/{run.project}/{run.id}"
+            return {
+                "data": {
+                    "createRunFiles": {
+                        "runID": _graphql_id("Run", run.id),
+                        "uploadHeaders": [],
+                        "files": [{"name": f, "uploadUrl": f"{base}/{f}"} for f in variables.get("files") or []],
+                    }
+                }
+            }
+        if "viewer" in query:
+            return {
+                "data": {
+                    "viewer": {
+                        "id": _graphql_id("User", "1"),
+                        "entity": "walbuf-test",
+                        "username": "walbuf-test",
+                        "flags": "{}",
+                        "teams": {"edges": []},
+                    }
+                }
+            }
+        if "serverInfo" in query:
+            return {"data": {"serverInfo": {"features": [], "cliVersionInfo": {}, "latestLocalVersionInfo": None}}}
+        if operation == "OrganizationCoreWeaveOrganizationID":
+            return {"data": {"entity": None}}
+        self.unknown_operations.append(operation or query[:60])
+        return {"data": {}}
+
+    def _upsert(self, variables: dict[str, Any]) -> dict[str, Any]:
+        entity = variables.get("entity") or "walbuf-test"
+        project = variables.get("project") or "uncategorized"
+        run = self._run(entity, project, variables.get("name") or "")
+        run.upserts.append(variables)
+        if variables.get("config"):
+            run.config = json.loads(variables["config"])
+        return {
+            "bucket": {
+                "id": _graphql_id("Run", run.id),
+                "name": run.id,
+                "displayName": variables.get("displayName") or run.id,
+                "description": "",
+                "config": json.dumps(run.config),
+                "sweepName": None,
+                "historyLineCount": len(run.history),
+                "project": {
+                    "id": _graphql_id("Project", project),
+                    "name": project,
+                    "entity": {"id": _graphql_id("Entity", entity), "name": entity},
+                },
+            },
+            "inserted": True,
+        }
+
+    def file_stream(self, entity: str, project: str, run_id: str, stream: str, body: dict[str, Any]) -> None:
+        with self._lock:
+            self.requests.append(("POST", f"/files/{entity}/{project}/{run_id}/file_stream", None))
+            run = self._run(entity, project, run_id)
+            for name, chunk in (body.get("files") or {}).items():
+                lines = run.lines.setdefault((stream, name), {})
+                offset = chunk.get("offset", 0)
+                for i, line in enumerate(chunk.get("content") or []):
+                    repeated = offset + i in lines
+                    lines[offset + i] = line
+                    if name == "wandb-history.jsonl" and not repeated:
+                        run.history.append(json.loads(line))
+                    elif name == "wandb-summary.json":
+                        run.summary = json.loads(line)
+            if body.get("complete"):
+                run.complete = True
+                run.exit_code = body.get("exitcode")
+            self._changed.notify_all()
+
+    def upload(self, path: str, data: bytes) -> None:
+        _, _, entity, project, run_id, name = path.split("/", 5)
+        with self._lock:
+            self.requests.append(("PUT", path, None))
+            self._run(entity, project, run_id).files[name] = data
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that exits drops its keep-alive connections: not an error here.
+        if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            super().handle_error(request, client_address)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    fake: FakeWandb
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        pass
+
+    def _body(self) -> bytes:
+        data = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.headers.get("Content-Encoding") == "gzip":
+            data = gzip.decompress(data)
+        return data
+
+    def _reply(self, status: int, payload: Any) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        self._body()
+        self._reply(200, {})
+
+    def do_PUT(self) -> None:  # noqa: N802
+        data = self._body()
+        failing = self.fake.failing("all")
+        if failing:
+            return self._reply(failing, {"error": "injected failure"})
+        if self.path.startswith("/upload/"):
+            self.fake.upload(self.path, data)
+        self._reply(200, {})
+
+    def do_POST(self) -> None:  # noqa: N802
+        raw = self._body()
+        if self.path == "/graphql":
+            failing = self.fake.failing("graphql")
+            if failing:
+                return self._reply(failing, {"errors": [{"message": "injected failure"}]})
+            return self._reply(200, self.fake.graphql(json.loads(raw)))
+        match = re.fullmatch(r"/files/([^/]+)/([^/]+)/([^/]+)/file_stream", self.path)
+        if match:
+            failing = self.fake.failing("file_stream")
+            if failing:
+                return self._reply(failing, {"error": "injected failure"})
+            body = json.loads(raw)
+            self.fake.file_stream(*match.groups(), self.headers.get("X-Wandb-Async-Client-Id", ""), body)
+            if "wandb-history.jsonl" in (body.get("files") or {}) or body.get("complete"):
+                self.fake._released.wait()
+            return self._reply(200, {"exitcode": None, "limits": {}})
+        # Telemetry (/sdk/otel/...) and anything else: accepted and ignored.
+        self._reply(200, {})
+
+
+def _graphql_id(kind: str, name: str) -> str:
+    return base64.b64encode(f"{kind}:{name}".encode()).decode()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
