@@ -1,9 +1,11 @@
-"""walbuf demo: several writer processes log into one local buffer, then we look inside.
+"""walbuf demo: writer processes log into one local buffer; `walbuf sync` replays it into W&B.
 
 Two "DDP ranks" (spawned processes with RANK set, as torchrun would) log a
 training loss every step; an evaluation function decorated with
-@walbuf.logged runs in a process pool and logs on its own axis. No network
-and no W&B account are needed.
+@walbuf.logged runs in a process pool and logs on its own axis. Then
+`walbuf sync` uploads the buffer, through the real wandb SDK, to a local
+stand-in for a W&B server (the test suite's fake, on 127.0.0.1), and the demo
+prints what that server received. No network and no W&B account are needed.
 
     python scripts/demo.py [--buffer runs/demo.db] [--steps 200]
 """
@@ -14,11 +16,16 @@ import argparse
 import math
 import multiprocessing as mp
 import os
+import subprocess
+import sys
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import walbuf
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from wandb_server import FakeWandb  # noqa: E402 - the test suite's fake W&B server
 
 
 def train(rank: int, buffer: str, steps: int) -> None:
@@ -32,7 +39,7 @@ def train(rank: int, buffer: str, steps: int) -> None:
 @walbuf.logged(writer="eval", step_axis="eval_step", run="demo")
 def evaluate(checkpoint_step: int) -> dict[str, float]:
     accuracy = 1 - math.exp(-checkpoint_step / 80)
-    return {"eval/accuracy": accuracy, "eval/checkpoint": checkpoint_step}
+    return {"accuracy": accuracy, "checkpoint": checkpoint_step}  # in W&B: eval/accuracy, ...
 
 
 def _configure(buffer: str) -> None:
@@ -70,8 +77,21 @@ def main() -> None:
         last = records[-1]
         metrics = ", ".join(f"{k}={v:.4g}" for k, v in last.metrics.items())
         print(f"{name:<8} {len(records):>7} {records[0].step:>4}-{last.step:<4}  {metrics}")
-    print(f"\nEvery record: walbuf records {args.buffer}")
+    print(f"\nEvery record: walbuf records {args.buffer}\n")
 
+    with FakeWandb() as server:
+        env = {**os.environ, **server.env(), "WANDB_DIR": str(Path(buffer).parent)}
+        command = ["walbuf", "sync", args.buffer, "--project", "demo", "--entity", "walbuf"]
+        print("$", " ".join(command))
+        subprocess.run([sys.executable, "-m", "walbuf", *command[1:]], env=env, check=True)
+        print(f"\n$ walbuf status {args.buffer}")
+        subprocess.run([sys.executable, "-m", "walbuf", "status", args.buffer], check=True)
+        (run,) = server.runs.values()
+        print(f"\nThe W&B server received run {run.entity}/{run.project}/{run.id}: {len(run.history)} rows")
+        axes = run.metric_definitions()
+        for name in sorted(k for k, axis in axes.items() if axis):
+            points = [row for row in run.history if name.replace("\\.", ".") in row]
+            print(f"  {name:<22} {len(points):>4} points on axis {axes[name]}")
 
 if __name__ == "__main__":
     main()

@@ -188,3 +188,10 @@ def test_metric_named_like_the_step_axis_is_refused(buffer):
         with pytest.raises(ValueError, match="step axis"):
             w.log({"eval_step": 3, "acc": 1.0})
     assert record_count(buffer) == 0
+
+
+def test_key_with_a_wildcard_is_refused(buffer):
+    with walbuf.Writer(buffer, writer="w") as w:
+        with pytest.raises(ValueError, match="wildcard"):
+            w.log({"grad*norm": 1.0})
+    assert record_count(buffer) == 0

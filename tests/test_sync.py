@@ -119,14 +119,25 @@ def test_a_later_sync_declares_the_metrics_of_earlier_ones_again(server, buffer)
     assert declared["rank-0/loss"] == "rank-0/step" and declared["eval/acc"] == "eval/step"
 
 
+def test_dots_in_writer_ids_and_keys_are_literal_in_metric_definitions(server, buffer):
+    with walbuf.Writer(buffer, writer="node1.cluster-7", run="exp1") as w:
+        w.log({"val.acc": 0.5})
+    assert run_sync(server, buffer).returncode == 0
+    fake_run = the_run(server, buffer)
+    (row,) = fake_run.history
+    assert row["node1.cluster-7/val.acc"] == 0.5 and "node1" not in row  # no nested copy of the axis
+    declared = fake_run.metric_definitions()
+    assert declared["node1\\.cluster-7/val\\.acc"] == "node1\\.cluster-7/step"
+
+
 def test_values_of_every_kind_arrive(server, buffer):
     with walbuf.Writer(buffer, writer="w", run="exp1") as w:
-        w.log({"int": 3, "float": 0.25, "nan": float("nan"), "inf": float("inf"), "flag": True, "text": "hi"})
+        w.log({"int": 3, "float": 0.25, "nan": float("nan"), "inf": float("inf"), "flag": True, "text": "hi", "none": None})
     assert run_sync(server, buffer).returncode == 0
     ((step, metrics),) = rows_of(the_run(server, buffer), "w")
     assert step == 0
     assert metrics["int"] == 3 and metrics["float"] == 0.25 and metrics["flag"] is True and metrics["text"] == "hi"
-    assert math.isnan(metrics["nan"]) and metrics["inf"] == math.inf
+    assert math.isnan(metrics["nan"]) and metrics["inf"] == math.inf and metrics["none"] is None
 
 
 def test_rows_carry_the_time_the_record_was_logged(server, buffer):

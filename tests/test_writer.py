@@ -297,3 +297,9 @@ def test_target_that_conflicts_with_the_stored_one_is_refused(buffer):
     walbuf.Writer(buffer, writer="w2", run="exp1").close()  # leaving it out uses the stored one
     with pytest.raises(walbuf.TargetConflictError, match="project 'p', not 'q'"):
         walbuf.Writer(buffer, writer="w3", run="exp1", project="q")
+
+
+@pytest.mark.parametrize("settings", [{"writer": "rank*"}, {"writer": "w", "step_axis": "s*"}])
+def test_writer_id_or_axis_with_a_wildcard_is_refused(buffer, settings):
+    with pytest.raises(walbuf.ConfigError, match=r"\*"):
+        walbuf.Writer(buffer, **settings)

@@ -99,7 +99,13 @@ def flatten(metrics: Any, reserved: str | None = None) -> dict[str, Value]:
 
 def _flatten_into(flat: dict[str, Value], prefix: str, metrics: Mapping[Any, Any]) -> None:
     for key, value in metrics.items():
-        if type(key) is str and key and type(value) in _PRIMITIVE and prefix + key not in flat:
+        if (
+            type(key) is str
+            and key
+            and "*" not in key
+            and type(value) in _PRIMITIVE
+            and prefix + key not in flat
+        ):
             flat[prefix + key] = value  # the common case, checked cheaply
             continue
         if type(key) is not str:
@@ -109,6 +115,11 @@ def _flatten_into(flat: dict[str, Value], prefix: str, metrics: Mapping[Any, Any
                     " keys must be str (nothing was written)"
                 )
             key = str(key)
+        if "*" in key:
+            raise MetricValueError(
+                f"metric key {prefix + key!r} contains '*', which W&B's define_metric"
+                " reads as a wildcard; rename it (nothing was written)"
+            )
         if not key:
             raise MetricValueError(
                 f"empty metric key{' under ' + repr(prefix[:-1]) if prefix else ''}"

@@ -66,7 +66,8 @@ class WandbRun:
         return str(Path(self._run.dir).parent)
 
     def define_metric(self, key: str, step_metric: str) -> None:
-        self._run.define_metric(key, step_metric=step_metric)
+        """Declare ``key`` to be plotted against ``step_metric`` (both history keys, as logged)."""
+        self._run.define_metric(_escape(key), step_metric=_escape(step_metric))
 
     def log(self, row: dict[str, Any], step: int | None = None) -> None:
         self._run.log(row, step=step)
@@ -80,6 +81,12 @@ class WandbRun:
         failure = _upload_failure(self._run)
         if failure is not None:
             raise UploadError(f"W&B did not accept the upload: {failure}")
+
+
+def _escape(key: str) -> str:
+    # wandb-core reads "." in define_metric names as nesting ("a.b" is b inside
+    # a) unless escaped; history keys are flat, so every dot is literal.
+    return key.replace(".", "\\.")
 
 
 def _retry_settings() -> dict[str, Any]:

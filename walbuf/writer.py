@@ -145,12 +145,14 @@ class Writer:
 
     def _open(self) -> None:
         writer = _setting("writer", self._writer_arg, ENV_WRITER, default_writer_id())
-        if "/" in writer:
+        if "/" in writer or "*" in writer:
             raise ConfigError(
-                f"writer id {writer!r} contains '/': in W&B a writer's keys are prefixed"
-                " with '<writer>/', so ids must not contain it"
+                f"writer id {writer!r} contains '/' or '*': in W&B a writer's keys are"
+                " prefixed with '<writer>/' and '*' is a wildcard, so ids must not contain them"
             )
         step_axis = _setting("step_axis", self._step_axis_arg, ENV_STEP_AXIS, DEFAULT_STEP_AXIS)
+        if "*" in step_axis:
+            raise ConfigError(f"step_axis {step_axis!r} contains '*', which W&B reads as a wildcard")
         storage = Storage(self._url, durability=self._durability)
         try:
             owner = self._own(storage, writer)
