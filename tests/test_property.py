@@ -21,7 +21,7 @@ values = st.one_of(
     st.text(max_size=12),
     st.none(),
 )
-keys = st.text(min_size=1, max_size=10).filter(lambda k: k != AXIS)
+keys = st.text(min_size=1, max_size=10).filter(lambda k: k != AXIS and "*" not in k)
 metrics = st.dictionaries(keys, values, max_size=5)
 # (which writer, metrics, None for an automatic step or an offset from the writer's last step)
 calls = st.lists(

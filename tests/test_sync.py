@@ -29,6 +29,23 @@ def server():
         yield fake
 
 
+@pytest.fixture(scope="session")
+def _session_server():
+    with FakeWandb() as fake:
+        yield fake
+
+
+@pytest.fixture
+def in_process(_session_server, buffer, monkeypatch):
+    """A server for syncs run in this process: wandb reads its settings once per
+    process, so all of them talk to the one server of the session."""
+    for name, value in _session_server.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("WANDB_DIR", str(buffer.parent))
+    buffer.parent.mkdir(parents=True, exist_ok=True)
+    return _session_server
+
+
 def run_sync(server, buffer, *args, timeout=120, env=None):
     """`walbuf sync BUFFER ARGS` in its own process, as cron would run it."""
     full_env = {**os.environ, **server.env(), **(env or {})}
@@ -366,3 +383,23 @@ def test_offline_mode_writes_a_run_directory_that_wandb_sync_uploads(server, buf
     fake_run = server.run("offline1")
     assert [s for s, _ in rows_of(fake_run, "rank-0")] == [0, 1, 2]
     assert fake_run.metric_definitions()["rank-0/loss"] == "rank-0/step"
+
+
+def test_library_sync_reports_what_it_sent(in_process, buffer):
+    server = in_process
+    log_records(buffer, "rank-0", 3)
+    log_records(buffer, "rank-1", 2)
+    result = walbuf.sync(buffer, project="proj", entity="ent")
+    (run,) = result.runs
+    assert (result.records, run.per_writer, run.possibly_duplicated) == (5, {"rank-0": 3, "rank-1": 2}, 0)
+    assert (run.target.project, run.target.entity) == ("proj", "ent")
+    assert len(server.run(run.target.wandb_id).history) == 5
+    assert walbuf.sync(buffer).runs == []
+
+
+def test_max_seconds_stops_sending_and_the_rest_waits(in_process, buffer):
+    log_records(buffer, "w", 50)
+    first = walbuf.sync(buffer, max_seconds=1e-6)  # spent before the first record
+    assert first.records == 0 and walbuf.status(buffer).runs[0].pending == 50
+    assert walbuf.sync(buffer).records == 50
+    assert walbuf.status(buffer).runs[0].pending == 0

@@ -8,6 +8,8 @@ Public API::
     @walbuf.logged("runs/exp1.db", writer="eval", step_axis="eval_step")
     def evaluate(checkpoint) -> dict: ...
     for record in walbuf.read("runs/exp1.db"): ...
+    walbuf.sync("runs/exp1.db")            # what `walbuf sync` does
+    walbuf.status("runs/exp1.db")          # what `walbuf status` shows
 """
 
 from .decorator import logged
@@ -22,13 +24,17 @@ from .errors import (
     SchemaTooNewError,
     StepOrderError,
     StorageError,
+    SyncLockedError,
     TargetConflictError,
+    UploadError,
     WalbufError,
     WriterClosedError,
     WriterConflictError,
 )
 from .record import Record, Value
+from .status import BufferStatus, RunStatus, SyncStatus, WriterStatus, status
 from .storage import read
+from .syncer import RunSync, SyncResult, sync
 from .writer import Writer, default_writer_id, init, log
 
 __version__ = "0.1.0"
@@ -38,6 +44,14 @@ __all__ = [
     "log",
     "logged",
     "read",
+    "sync",
+    "status",
+    "SyncResult",
+    "RunSync",
+    "BufferStatus",
+    "RunStatus",
+    "WriterStatus",
+    "SyncStatus",
     "Writer",
     "Record",
     "Value",
@@ -54,6 +68,8 @@ __all__ = [
     "StepOrderError",
     "WriterConflictError",
     "TargetConflictError",
+    "SyncLockedError",
+    "UploadError",
     "WriterClosedError",
     "NoWriterError",
 ]

@@ -127,6 +127,9 @@ def sync(
 
     Raises UploadError when W&B cannot be reached or fails: that run's
     records stay pending (runs synced before it in this call stay synced).
+
+    wandb reads its own settings (WANDB_BASE_URL, credentials) once per
+    process: syncs in one process all talk to the server the first one did.
     """
     if mode not in MODES:
         raise ConfigError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
@@ -145,6 +148,8 @@ def sync(
             chosen = syncer.runs_to_sync(run, run_id)
             result = SyncResult(runs=[], dry_run=dry_run)
             for name in chosen:
+                if syncer.out_of_budget():
+                    break
                 plan = syncer.plan(name, Target(run_id, project, entity), dry_run)
                 if plan is None:
                     continue
@@ -153,8 +158,6 @@ def sync(
                 if not dry_run:
                     syncer.upload(plan)
                 result.runs.append(plan.report)
-                if syncer.out_of_budget():
-                    break
             return result
         finally:
             lock.release()

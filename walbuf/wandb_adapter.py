@@ -67,10 +67,16 @@ class WandbRun:
 
     def define_metric(self, key: str, step_metric: str) -> None:
         """Declare ``key`` to be plotted against ``step_metric`` (both history keys, as logged)."""
-        self._run.define_metric(_escape(key), step_metric=_escape(step_metric))
+        try:
+            self._run.define_metric(_escape(key), step_metric=_escape(step_metric))
+        except Exception as exc:  # the upload cannot go on; the records stay pending
+            raise UploadError(f"wandb refused to declare metric {key!r}: {_describe(exc)}") from exc
 
     def log(self, row: dict[str, Any], step: int | None = None) -> None:
-        self._run.log(row, step=step)
+        try:
+            self._run.log(row, step=step)
+        except Exception as exc:  # the upload cannot go on; the records stay pending
+            raise UploadError(f"wandb refused a row: {_describe(exc)}") from exc
 
     def finish(self) -> None:
         """Finish the run; raise UploadError unless wandb confirms everything was uploaded."""

@@ -1,0 +1,164 @@
+"""Benchmark of `walbuf sync`, measured side by side in one run and printed as ratios.
+
+1. Rows/s of walbuf's sync against a bare loop of wandb.log of the same rows
+   (same keys, same define_metric calls, same shared-mode settings) into the
+   same local fake W&B server (tests/wandb_server.py). Rounds alternate.
+2. A sync of 1,000 new records on a buffer that already holds --big synced
+   ones, against the same sync on a fresh buffer. (The big buffer's records
+   are marked synced by setting the cursors in SQL: uploading them first
+   would measure nothing more.)
+3. Peak RSS of the process running a sync of --big pending records, and of
+   the wandb-core process under it.
+
+    python scripts/bench_sync.py [--rows 20000] [--rounds 3] [--big 1000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+import walbuf  # noqa: E402
+from walbuf.syncer import sync  # noqa: E402
+from walbuf.wandb_adapter import WandbRun  # noqa: E402
+from walbuf.storage import Target  # noqa: E402
+from wandb_server import FakeWandb  # noqa: E402
+
+WRITERS = ("rank-0", "rank-1")
+
+
+def fill(buffer: Path, n: int, run: str = "bench") -> None:
+    """n records, alternating between the writers, as training would log them."""
+    writers = [walbuf.Writer(buffer, writer=w, run=run) for w in WRITERS]
+    for i in range(n):
+        writers[i % 2].log({"train/loss": 1.0 / (i + 1), "train/acc": i / n, "lr": 3e-4})
+    for w in writers:
+        w.close()
+
+
+def rows_as_sync_sends_them(buffer: Path) -> list[dict[str, object]]:
+    rows = []
+    for r in walbuf.read(buffer):
+        row: dict[str, object] = {f"{r.writer}/{k}": v for k, v in r.metrics.items()}
+        row[f"{r.writer}/step"] = r.step
+        row["_timestamp"] = r.time
+        rows.append(row)
+    return rows
+
+
+def time_walbuf_sync(directory: Path, n: int, index: int) -> float:
+    buffer = directory / f"sync-{index}.db"
+    fill(buffer, n)
+    start = time.perf_counter()
+    result = sync(buffer, project="bench", entity="bench")
+    elapsed = time.perf_counter() - start
+    assert result.records == n, result
+    return elapsed
+
+
+def time_bare_wandb(directory: Path, rows: list[dict[str, object]], index: int) -> float:
+    start = time.perf_counter()
+    run = WandbRun(Target(f"bare{index:04d}", "bench", "bench"), "bare", "online", directory)
+    for writer in WRITERS:
+        for key in ("train/loss", "train/acc", "lr"):
+            run.define_metric(f"{writer}/{key}", f"{writer}/step")
+    for row in rows:
+        run.log(row)
+    run.finish()
+    return time.perf_counter() - start
+
+
+def incremental(directory: Path, big: int, new: int) -> tuple[float, float]:
+    large = directory / "large.db"
+    fill(large, big, run="inc")
+    with sqlite3.connect(large) as conn:
+        conn.execute("UPDATE writers SET synced_id = (SELECT max(id) FROM records)")
+    fresh = directory / "fresh.db"
+    times: dict[Path, list[float]] = {large: [], fresh: []}
+    for round_ in range(3):
+        for buffer in (large, fresh):
+            with walbuf.Writer(buffer, writer="rank-0", run="inc") as w:
+                for i in range(new):
+                    w.log({"train/loss": float(i), "round": round_})
+            start = time.perf_counter()
+            result = sync(buffer, project="bench", entity="bench")
+            times[buffer].append(time.perf_counter() - start)
+            assert result.records == new, result
+    return statistics.median(times[large]), statistics.median(times[fresh])
+
+
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss across fork and exec, so a
+# child of this (large) benchmark process would report the parent's size.
+# wandb-core's figure (ru_maxrss of the syncer's children) is an upper bound.
+MEASURE_RSS = """
+import re, resource, sys
+from walbuf.syncer import sync
+result = sync(sys.argv[1], project="bench", entity="bench")
+hwm = re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read()).group(1)
+print(result.records, hwm, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+"""
+
+
+def peak_rss(directory: Path, big: int) -> tuple[int, int, int, float]:
+    buffer = directory / "pending.db"
+    fill(buffer, big, run="rss")
+    start = time.perf_counter()
+    out = subprocess.run(
+        [sys.executable, "-c", MEASURE_RSS, str(buffer)], capture_output=True, text=True, check=True, env=os.environ
+    ).stdout.split()
+    records, own_kib, core_kib = (int(x) for x in out[-3:])
+    return records, own_kib, core_kib, time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--big", type=int, default=1_000_000)
+    parser.add_argument("--new", type=int, default=1_000)
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp, FakeWandb() as server:
+        directory = Path(tmp)
+        os.environ.update(server.env())
+        os.environ["WANDB_DIR"] = tmp
+
+        reference = directory / "reference.db"
+        fill(reference, args.rows)
+        rows = rows_as_sync_sends_them(reference)
+        time_bare_wandb(directory, rows[:100], 999)  # warm-up: wandb's service process starts once
+        ours, bare = [], []
+        for r in range(args.rounds):
+            ours.append(time_walbuf_sync(directory, args.rows, r))
+            bare.append(time_bare_wandb(directory, rows, r))
+        ours_rate = args.rows / statistics.median(ours)
+        bare_rate = args.rows / statistics.median(bare)
+        print(f"walbuf sync             : {ours_rate:8,.0f} rows/s (median of {args.rounds})")
+        print(f"bare wandb.log loop     : {bare_rate:8,.0f} rows/s")
+        print(f"sync / bare             : {ours_rate / bare_rate:5.2f}x   (target >= 0.9x)")
+
+        large_s, fresh_s = incremental(directory, args.big, args.new)
+        print(
+            f"{args.new:,} new on {args.big:,} synced : {large_s / fresh_s:5.2f}x the time on a fresh buffer"
+            " (target <= 2x)"
+        )
+        records, own_kib, core_kib, seconds = peak_rss(directory, args.big)
+        print(
+            f"sync of {records:,} pending : peak RSS {own_kib / 1024:,.0f} MB (syncer),"
+            f" {core_kib / 1024:,.0f} MB (wandb-core)  (target <= 300 MB), {seconds:,.0f} s"
+        )
+        print(f"(this process, with the fake server's copy of every row: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB)")
+
+
+if __name__ == "__main__":
+    main()
