@@ -403,3 +403,15 @@ def test_max_seconds_stops_sending_and_the_rest_waits(in_process, buffer):
     assert first.records == 0 and walbuf.status(buffer).runs[0].pending == 50
     assert walbuf.sync(buffer).records == 50
     assert walbuf.status(buffer).runs[0].pending == 0
+
+
+def test_missing_credentials_exit_78_not_75_and_advance_nothing(server, buffer):
+    log_records(buffer, "w", 1)
+    env = {**os.environ, **server.env(), "HOME": str(buffer.parent)}
+    del env["WANDB_API_KEY"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "walbuf", "sync", str(buffer), "--quiet"],
+        capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 78 and "wandb login" in proc.stderr
+    assert pending(buffer) == {("exp1", "w"): 1}

@@ -56,7 +56,8 @@ Exit codes:
   65  buffer is corrupt or from a newer walbuf
   66  buffer does not exist
   75  W&B unreachable or failed: nothing was marked synced; retry later
-  78  unusable setting, or one that conflicts with what the buffer holds
+  78  unusable setting, missing or refused W&B credentials,
+      or a setting that conflicts with what the buffer holds
 """
 
 

@@ -388,7 +388,7 @@ class _Syncer:
                         self.progress(unreported)
                         unreported = 0
             wandb_run.finish()
-        except UploadError as exc:
+        except (UploadError, ConfigError) as exc:
             self._close_entry(plan, "failed", str(exc))
             raise
         if self.progress is not None and unreported:

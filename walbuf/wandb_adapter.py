@@ -14,7 +14,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from .errors import UploadError
+from .errors import ConfigError, UploadError
 from .storage import Target
 
 
@@ -50,6 +50,12 @@ class WandbRun:
                 settings=settings,
                 reinit="create_new",
             )
+        except (wandb.errors.UsageError, wandb.errors.AuthenticationError) as exc:
+            # Not a passing outage: retrying from cron would fail the same way forever.
+            raise ConfigError(
+                f"W&B refused the credentials: {_describe(exc)}; run `wandb login`"
+                " or set WANDB_API_KEY (and WANDB_BASE_URL for a private server)"
+            ) from exc
         except Exception as exc:  # wandb raises many kinds; each means the upload cannot start
             raise UploadError(f"W&B did not open run {target.wandb_id!r}: {_describe(exc)}") from exc
 
