@@ -22,6 +22,7 @@ from .errors import (
     UploadError,
     WalbufError,
 )
+from .prune import parse_age, prune as prune_buffer
 from .status import status as buffer_status
 from .storage import read
 from .syncer import RunSync, sync as sync_buffer
@@ -242,3 +243,21 @@ def status(buffer: str, as_json: bool) -> None:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.finished_at or s.started_at))
             detail = f": {s.message}" if s.message else ""
             click.echo(f"  last sync {when} ({s.mode}): {s.status}, {s.records} records{detail}")
+
+
+@main.command(epilog=EXIT_HELP)
+@click.argument("buffer")
+@click.option("--older-than", required=True, metavar="AGE", help="Only records logged longer ago than this: 90s, 30m, 12h, 7d, 2w.")
+@click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors.")
+def prune(buffer: str, older_than: str, quiet: bool) -> None:
+    """Delete BUFFER's synced records older than AGE, then reclaim the space.
+
+    Records not yet confirmed uploaded are never deleted.
+    """
+    with _errors():
+        result = prune_buffer(buffer, older_than=parse_age(older_than))
+    if not quiet:
+        click.echo(
+            f"deleted {result.deleted} synced records;"
+            f" {result.bytes_before:,} -> {result.bytes_after:,} bytes"
+        )

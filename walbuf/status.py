@@ -87,7 +87,7 @@ def _runs(conn: sa.Connection) -> list[RunStatus]:
                 step_axis=w.step_axis,
                 records=c.records if c else 0,
                 pending=int(c.pending) if c else 0,
-                last_step=c.last_step if c else None,
+                last_step=c.last_step if c else w.pruned_step,
                 host=w.host,
                 pid=w.pid,
                 opened_at=w.opened_at,

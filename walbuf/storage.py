@@ -39,7 +39,7 @@ from .record import Record, decode
 
 # Every revision in migrations/versions, oldest first. The newest is the schema
 # this code reads and writes; tests check this list against Alembic's own.
-KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002")
+KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002", "0003")
 HEAD_REVISION = KNOWN_REVISIONS[-1]
 
 DURABILITY_LEVELS = {"normal": "NORMAL", "fsync": "FULL"}
@@ -82,6 +82,9 @@ writers = sa.Table(
     # The sync cursor: every record of this writer with id <= synced_id has
     # been uploaded (W&B confirmed it). Advanced only after confirmation.
     sa.Column("synced_id", sa.Integer, nullable=False, server_default="0"),
+    # The step of the newest record of this writer that prune deleted: the
+    # writer continues after it even when none of its records remain.
+    sa.Column("pruned_step", sa.BigInteger),
     sa.UniqueConstraint("run_id", "name", name="uq_writers_run_name"),
 )
 
@@ -285,7 +288,7 @@ class Storage:
             if target is not None:
                 set_target(conn, run_id, run, target)
             row = conn.execute(
-                sa.select(writers.c.id, writers.c.step_axis).where(
+                sa.select(writers.c.id, writers.c.step_axis, writers.c.pruned_step).where(
                     writers.c.run_id == run_id, writers.c.name == writer
                 )
             ).first()
@@ -312,7 +315,7 @@ class Storage:
                 .order_by(records.c.id.desc())
                 .limit(1)
             )
-            return row.id, last_step
+            return row.id, last_step if last_step is not None else row.pruned_step
 
     @staticmethod
     def _run_id(conn: sa.Connection, run: str, now: float) -> int:

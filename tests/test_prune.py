@@ -1,0 +1,97 @@
+"""walbuf prune: synced and old records go, nothing unsynced ever does, the space comes back."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+from click.testing import CliRunner
+
+import walbuf
+from walbuf.cli import main
+from walbuf.prune import parse_age, prune
+
+
+def log(buffer, writer, n, start=0):
+    with walbuf.Writer(buffer, writer=writer, run="r") as w:
+        for i in range(n):
+            w.log({"payload": "x" * 200, "i": start + i})
+
+
+def mark_synced(buffer, writer, through_id):
+    """What a confirmed sync leaves behind: the writer's cursor at ``through_id``."""
+    with sqlite3.connect(buffer) as conn:
+        conn.execute("UPDATE writers SET synced_id = ? WHERE name = ?", (through_id, writer))
+
+
+def ids(buffer, writer=None):
+    with sqlite3.connect(buffer) as conn:
+        query = "SELECT r.id FROM records r JOIN writers w ON w.id = r.writer_id"
+        rows = conn.execute(query + (" WHERE w.name = ?" if writer else ""), (writer,) if writer else ())
+        return [row[0] for row in rows]
+
+
+def test_unsynced_records_are_never_deleted(buffer):
+    log(buffer, "a", 10)
+    mark_synced(buffer, "a", 4)
+    assert prune(buffer, older_than=0).deleted == 4
+    assert [r.metrics["i"] for r in walbuf.read(buffer)] == list(range(4, 10))
+
+
+def test_young_records_are_kept_even_when_synced(buffer):
+    log(buffer, "a", 5)
+    mark_synced(buffer, "a", 5)
+    assert prune(buffer, older_than=3600).deleted == 0
+    assert len(ids(buffer)) == 5
+
+
+def test_the_newest_record_is_kept_so_ids_keep_growing(buffer):
+    log(buffer, "a", 5)
+    mark_synced(buffer, "a", 5)
+    prune(buffer, older_than=0)
+    assert ids(buffer) == [5]
+    log(buffer, "b", 1)
+    assert ids(buffer, "b") == [6]  # above every cursor: the next sync sees it
+
+
+def test_a_pruned_writer_continues_its_steps(buffer):
+    log(buffer, "a", 5)
+    log(buffer, "b", 1)
+    mark_synced(buffer, "a", 5)
+    prune(buffer, older_than=0)
+    assert ids(buffer, "a") == []
+    with walbuf.Writer(buffer, writer="a", run="r") as w:
+        assert w.last_step == 4 and w.log({"i": 5}) == 5
+    assert walbuf.status(buffer).runs[0].writers[0].last_step == 5
+
+
+def test_prune_reclaims_the_space(buffer):
+    log(buffer, "a", 3000)
+    mark_synced(buffer, "a", 3000)
+    result = prune(buffer, older_than=0)
+    assert result.deleted == 2999
+    assert result.bytes_after < result.bytes_before / 5
+
+
+def test_status_after_prune_counts_what_is_left(buffer):
+    log(buffer, "a", 6)
+    mark_synced(buffer, "a", 3)
+    prune(buffer, older_than=0)
+    (run,) = walbuf.status(buffer).runs
+    assert (run.records, run.pending) == (3, 3)
+
+
+@pytest.mark.parametrize("text, seconds", [("90s", 90), ("30m", 1800), ("12h", 43200), ("7d", 604800), ("2w", 1209600)])
+def test_ages(text, seconds):
+    assert parse_age(text) == seconds
+
+
+def test_cli_prune_and_its_bad_age(buffer):
+    log(buffer, "a", 3)
+    mark_synced(buffer, "a", 2)
+    result = CliRunner().invoke(main, ["prune", str(buffer), "--older-than", "0s"])
+    assert result.exit_code == 0 and "deleted 2 synced records" in result.output
+    bad = CliRunner().invoke(main, ["prune", str(buffer), "--older-than", "7x"])
+    assert bad.exit_code == 78 and "like 7d" in bad.output
+    missing = CliRunner().invoke(main, ["prune", str(buffer) + ".nope", "--older-than", "7d"])
+    assert missing.exit_code == 66
