@@ -169,3 +169,12 @@ def test_writer_id_of_a_killed_process_is_free_and_continues_its_steps(buffer):
     last = [r.step for r in walbuf.read(buffer)][-1]
     with walbuf.Writer(buffer, writer="victim", run="crash") as w:
         assert w.log({"value": 2.0}) == last + 1
+
+
+@pytest.mark.parametrize("attempt", range(5))
+def test_pool_workers_creating_a_new_buffer_at_once_never_see_locked(buffer, attempt):
+    ctx = mp.get_context("fork")
+    with ProcessPoolExecutor(max_workers=4, mp_context=ctx, initializer=workers.set_env,
+                             initargs=("WALBUF_BUFFER", str(buffer))) as pool:
+        list(pool.map(workers.evaluate, range(8)))
+    assert len(list(walbuf.read(buffer))) == 8

@@ -208,8 +208,15 @@ class Storage:
         cursor = dbapi_connection.cursor()
         try:
             cursor.execute(f"PRAGMA busy_timeout={self._busy_ms}")
-            cursor.execute(f"PRAGMA page_size={PAGE_SIZE}")
-            mode = cursor.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            mode = cursor.execute("PRAGMA journal_mode").fetchone()[0]
+            if mode.lower() != "wal":
+                # Only a new buffer gets here. Switching to WAL can fail with
+                # SQLITE_BUSY at once, without the busy handler, while another
+                # process switches the same new file: take turns. WAL stays
+                # set in the file, so later openers skip this.
+                with FileLock(self.lock_path("migrate.lock"), thread_local=False):
+                    cursor.execute(f"PRAGMA page_size={PAGE_SIZE}")
+                    mode = cursor.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if mode.lower() != "wal":
                 raise ConfigError(
                     f"{self.path}: SQLite could not switch the buffer to WAL mode"
