@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -103,12 +103,11 @@ def records(buffer: str, run: str | None, writer: str | None, limit: int | None)
     NaN and infinities are printed as NaN, Infinity, -Infinity (as Python's
     json module reads them).
     """
-    emit: Callable[[str], None] = click.echo
     with _errors():
         for n, record in enumerate(read(buffer, run=run, writer=writer)):
             if limit is not None and n >= limit:
                 break
-            emit(_json_line(record))
+            click.echo(_json_line(record))
 
 
 def _target_text(run: RunSync) -> str:

@@ -421,7 +421,7 @@ def storage_error(path: Path, exc: BaseException | None) -> StorageError:
     if isinstance(exc, sqlite3.OperationalError) and "locked" in message:
         return BufferBusyError(
             f"{path}: the database stayed locked past the busy timeout ({message});"
-            " another process holds a long write transaction: find it with `fuser {path}`"
+            f" another process holds a long write transaction: find it with `fuser {path}`"
         )
     if isinstance(exc, sqlite3.DatabaseError) and (
         "not a database" in message or "malformed" in message
