@@ -22,6 +22,7 @@ from .errors import (
     UploadError,
     WalbufError,
 )
+from .doctor import doctor as examine
 from .prune import parse_age, prune as prune_buffer
 from .status import status as buffer_status
 from .storage import read
@@ -260,3 +261,21 @@ def prune(buffer: str, older_than: str, quiet: bool) -> None:
             f"deleted {result.deleted} synced records;"
             f" {result.bytes_before:,} -> {result.bytes_after:,} bytes"
         )
+
+
+@main.command(epilog=EXIT_HELP)
+@click.argument("buffer")
+def doctor(buffer: str) -> None:
+    """Check BUFFER: integrity, journal mode, schema, pending records, syncs cut off or failed.
+
+    Exits 1 if something needs a person, and says what to do.
+    """
+    with _errors():
+        report = examine(buffer)
+    click.echo(f"buffer {report.buffer}")
+    for f in report.findings:
+        click.echo(f"  {'ok  ' if f.ok else 'FAIL'}  {f.check}: {f.detail}")
+        if f.advice:
+            click.echo(f"        -> {f.advice}")
+    if not report.healthy:
+        sys.exit(EXIT_ERROR)

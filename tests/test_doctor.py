@@ -1,0 +1,78 @@
+"""walbuf doctor: a healthy buffer passes; damage, a dead syncer's upload and failed syncs need a person."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+from click.testing import CliRunner
+
+import walbuf
+from walbuf.cli import main
+from walbuf.doctor import doctor
+
+
+def make(buffer, n=3):
+    with walbuf.Writer(buffer, writer="w", run="r") as w:
+        for i in range(n):
+            w.log({"i": i})
+
+
+def failing(report):
+    return {f.check for f in report.findings if not f.ok}
+
+
+def test_healthy_buffer_passes_and_shows_pending(buffer):
+    make(buffer)
+    report = doctor(buffer)
+    assert report.healthy
+    assert any(f.check == "run r" and "3 pending" in f.detail for f in report.findings)
+    result = CliRunner().invoke(main, ["doctor", str(buffer)])
+    assert result.exit_code == 0 and "integrity: ok" in result.output
+
+
+def test_upload_left_running_by_a_dead_syncer_needs_a_person(buffer):
+    make(buffer)
+    with sqlite3.connect(buffer) as conn:
+        conn.execute(
+            "INSERT INTO syncs (run_id, mode, status, started_at, last_id, records, host, pid)"
+            " VALUES (1, 'online', 'running', 0, 3, 3, 'h', 4242)"
+        )
+    assert failing(doctor(buffer)) == {"interrupted sync"}
+    result = CliRunner().invoke(main, ["doctor", str(buffer)])
+    assert result.exit_code == 1 and "run walbuf sync" in result.output
+
+
+def test_failed_last_sync_is_reported_with_its_message(buffer):
+    make(buffer)
+    with sqlite3.connect(buffer) as conn:
+        conn.execute(
+            "INSERT INTO syncs (run_id, mode, status, started_at, last_id, records, host, pid, message)"
+            " VALUES (1, 'online', 'failed', 0, 3, 3, 'h', 1, 'W&B did not open run')"
+        )
+    report = doctor(buffer)
+    assert failing(report) == {"run r last sync"}
+    assert any("W&B did not open run" in f.detail for f in report.findings)
+
+
+def test_newer_schema_needs_an_upgrade(buffer):
+    make(buffer)
+    with sqlite3.connect(buffer) as conn:
+        conn.execute("UPDATE alembic_version SET version_num = '9999'")
+    assert failing(doctor(buffer)) == {"schema"}
+
+
+def test_damaged_file_fails_integrity(buffer):
+    make(buffer, n=2000)
+    with sqlite3.connect(buffer) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    data = bytearray(buffer.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 4096] = b"\xff" * 4096
+    buffer.write_bytes(bytes(data))
+    assert "integrity" in failing(doctor(buffer))
+
+
+def test_missing_buffer_exits_66(tmp_path):
+    assert CliRunner().invoke(main, ["doctor", str(tmp_path / "nope.db")]).exit_code == 66
+    with pytest.raises(walbuf.BufferNotFoundError):
+        doctor(tmp_path / "nope.db")

@@ -1,0 +1,138 @@
+"""Doctor: check a buffer and say what, if anything, needs a person.
+
+Checks the file's integrity (SQLite's integrity_check), its journal mode and
+schema revision, what is pending, and the log of syncs: an upload that a
+dead syncer left "running" (its records will be sent again, maybe twice),
+or a last sync that failed. Writer and sync locks are kernel file locks
+(released when their process dies), so they cannot go stale; doctor reports
+which are held.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import sqlalchemy as sa
+from filelock import FileLock, Timeout
+
+from .errors import BufferNotFoundError, SchemaTooNewError, StorageError
+from .status import status
+from .storage import HEAD_REVISION, KNOWN_REVISIONS, Storage, resolve_url, syncs
+
+
+@dataclass
+class Finding:
+    check: str
+    ok: bool
+    detail: str
+    advice: str = ""
+
+
+@dataclass
+class DoctorReport:
+    buffer: str
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def healthy(self) -> bool:
+        return all(f.ok for f in self.findings)
+
+
+def doctor(buffer: str | os.PathLike[str]) -> DoctorReport:
+    """Examine ``buffer``. Raises BufferNotFoundError if it does not exist.
+
+    Changes nothing, but that a buffer of an older schema revision is
+    upgraded, as whenever walbuf opens one.
+    """
+    url = resolve_url(buffer)
+    path = Path(url.database or "")
+    if not path.exists():
+        raise BufferNotFoundError(f"no buffer at {path}")
+    report = DoctorReport(str(path))
+    add = report.findings.append
+    # Plain sqlite3, read-only: a damaged or too-new file must still be examined.
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        try:
+            result = conn.execute("PRAGMA integrity_check").fetchall()
+        except sqlite3.DatabaseError as exc:
+            add(Finding("integrity", False, str(exc), "restore the buffer from a copy; it is not readable"))
+            return report
+        ok = result == [("ok",)]
+        add(
+            Finding(
+                "integrity",
+                ok,
+                "ok" if ok else "; ".join(r[0] for r in result[:5]),
+                "" if ok else "copy the buffer aside, then `sqlite3 BUFFER .recover` into a new file",
+            )
+        )
+        mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+        add(
+            Finding(
+                "journal mode",
+                mode == "wal",
+                mode,
+                "" if mode == "wal" else "open it once with walbuf on a local filesystem to switch it to WAL",
+            )
+        )
+        try:
+            revision = conn.execute("SELECT version_num FROM alembic_version").fetchone()[0]
+        except sqlite3.OperationalError:
+            revision = None
+    finally:
+        conn.close()
+    if revision not in (None, *KNOWN_REVISIONS):
+        add(Finding("schema", False, f"revision {revision}, newer than {HEAD_REVISION}", "upgrade walbuf"))
+        return report
+    add(Finding("schema", True, f"revision {revision or 'none yet'} (this walbuf: {HEAD_REVISION})"))
+    try:
+        _sync_findings(report, path)
+    except (SchemaTooNewError, StorageError) as exc:
+        add(Finding("contents", False, str(exc), "see the message"))
+    return report
+
+
+def _sync_findings(report: DoctorReport, path: Path) -> None:
+    add = report.findings.append
+    for run in status(path).runs:
+        add(Finding(f"run {run.run}", True, f"{run.records} records, {run.pending} pending"))
+        last = run.last_sync
+        if last is not None and last.status == "failed":
+            add(
+                Finding(
+                    f"run {run.run} last sync",
+                    False,
+                    f"failed: {last.message}",
+                    "fix what the message says, or wait for W&B to be reachable; then walbuf sync",
+                )
+            )
+    storage = Storage(path, create=False)
+    try:
+        lock = FileLock(storage.lock_path("sync.lock"), thread_local=False)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            add(Finding("sync lock", True, "held: a walbuf sync is running now"))
+            return
+        try:
+            with storage.begin_read() as conn:
+                cut_off = conn.execute(
+                    sa.select(syncs.c.id, syncs.c.host, syncs.c.pid, syncs.c.records).where(syncs.c.status == "running")
+                ).all()
+        finally:
+            lock.release()
+    finally:
+        storage.dispose()
+    for entry in cut_off:
+        add(
+            Finding(
+                "interrupted sync",
+                False,
+                f"sync {entry.id} (process {entry.pid} on {entry.host}) died during an upload of {entry.records} records",
+                "run walbuf sync: it sends those records again, and W&B may then hold some of them twice",
+            )
+        )
