@@ -45,6 +45,10 @@ class SchemaTooNewError(StorageError):
     """The buffer was written by a newer walbuf; this one will not touch it."""
 
 
+class BufferFullError(StorageError):
+    """The disk (or SQLite's page limit) is full. The record was not written; earlier ones are intact."""
+
+
 class BufferBusyError(StorageError):
     """The database stayed locked by other processes for longer than the busy timeout."""
 
@@ -84,6 +88,7 @@ __all__ = [
     "BufferCorruptError",
     "SchemaTooNewError",
     "BufferBusyError",
+    "BufferFullError",
     "WriterConflictError",
     "TargetConflictError",
     "SyncLockedError",

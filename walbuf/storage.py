@@ -27,8 +27,9 @@ from filelock import FileLock
 
 from .errors import (
     BufferBusyError,
-    ConfigError,
     BufferCorruptError,
+    BufferFullError,
+    ConfigError,
     BufferNotFoundError,
     SchemaTooNewError,
     StorageError,
@@ -422,6 +423,11 @@ def storage_error(path: Path, exc: BaseException | None) -> StorageError:
         return BufferBusyError(
             f"{path}: the database stayed locked past the busy timeout ({message});"
             f" another process holds a long write transaction: find it with `fuser {path}`"
+        )
+    if isinstance(exc, sqlite3.OperationalError) and "full" in message:
+        return BufferFullError(
+            f"{path}: the disk is full ({message}); the record was not written and every"
+            " earlier one is intact: free space (walbuf prune removes synced records), then log again"
         )
     if isinstance(exc, sqlite3.DatabaseError) and (
         "not a database" in message or "malformed" in message
