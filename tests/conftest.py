@@ -12,6 +12,19 @@ import pytest
 import walbuf
 
 
+@pytest.fixture(scope="session")
+def wandb_session_server():
+    """The fake W&B server for syncs run inside the test process.
+
+    wandb reads its settings (WANDB_BASE_URL) once per process, so every
+    in-process sync of the session must talk to this one server.
+    """
+    from wandb_server import FakeWandb
+
+    with FakeWandb() as fake:
+        yield fake
+
+
 @pytest.fixture
 def buffer(tmp_path: Path) -> Path:
     """Path of a buffer that does not exist yet."""

@@ -29,21 +29,14 @@ def server():
         yield fake
 
 
-@pytest.fixture(scope="session")
-def _session_server():
-    with FakeWandb() as fake:
-        yield fake
-
-
 @pytest.fixture
-def in_process(_session_server, buffer, monkeypatch):
-    """A server for syncs run in this process: wandb reads its settings once per
-    process, so all of them talk to the one server of the session."""
-    for name, value in _session_server.env().items():
+def in_process(wandb_session_server, buffer, monkeypatch):
+    """A server for syncs run in this process (see conftest.wandb_session_server)."""
+    for name, value in wandb_session_server.env().items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("WANDB_DIR", str(buffer.parent))
     buffer.parent.mkdir(parents=True, exist_ok=True)
-    return _session_server
+    return wandb_session_server
 
 
 def run_sync(server, buffer, *args, timeout=120, env=None):
