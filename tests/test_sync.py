@@ -324,7 +324,7 @@ def test_wait_lets_a_second_syncer_run_after_the_first(server, buffer):
     assert len(the_run(server, buffer).history) == 1
 
 
-def test_kill_9_of_the_syncer_loses_nothing_and_reports_possible_duplicates(server, buffer):
+def _kill_a_syncer_mid_upload_then_sync_again(server, buffer):
     log_records(buffer, "w", 200)
     server.hold_uploads()  # the upload is under way, not yet confirmed
     victim = subprocess.Popen(
@@ -350,6 +350,17 @@ def test_kill_9_of_the_syncer_loses_nothing_and_reports_possible_duplicates(serv
     assert pending(buffer) == {("exp1", "w"): 0}
 
 
+def test_kill_9_of_the_syncer_loses_nothing_and_reports_possible_duplicates(server, buffer):
+    _kill_a_syncer_mid_upload_then_sync_again(server, buffer)
+
+
+def test_a_killed_syncer_does_not_block_the_next_under_a_wandb_using_parent(in_process, server, buffer):
+    log_records(buffer.parent / "warm.db", "setup", 1)
+    walbuf.sync(buffer.parent / "warm.db")  # this process now runs a wandb service, in WANDB_SERVICE
+    assert os.environ.get("WANDB_SERVICE")
+    _kill_a_syncer_mid_upload_then_sync_again(server, buffer)
+
+
 def test_status_json_has_records_and_pending_per_run_and_writer(buffer):
     log_records(buffer, "rank-0", 3)
     log_records(buffer, "rank-1", 1)
@@ -371,7 +382,8 @@ def test_offline_mode_writes_a_run_directory_that_wandb_sync_uploads(server, buf
     assert server.runs == {}  # offline: nothing went to a server
     assert pending(buffer) == {("exp1", "rank-0"): 0}
     # wandb's own reader of its offline format: `wandb sync` reads the .wandb file and uploads it.
-    upload = subprocess.run(command.split(), capture_output=True, text=True, env={**os.environ, **server.env()})
+    env = {k: v for k, v in {**os.environ, **server.env()}.items() if k != "WANDB_SERVICE"}
+    upload = subprocess.run(command.split(), capture_output=True, text=True, env=env)
     assert upload.returncode == 0, upload.stderr
     fake_run = server.run("offline1")
     assert [s for s, _ in rows_of(fake_run, "rank-0")] == [0, 1, 2]

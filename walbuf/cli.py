@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -155,6 +156,11 @@ def sync(
     A record is marked synced only after W&B confirmed its upload. In W&B,
     writer W's metric K is logged as W/K, on the step axis W/<step_axis>.
     """
+    # A wandb-using parent passes its wandb service down in WANDB_SERVICE. A
+    # syncer that joined it and was then killed would leave its run open in
+    # that service, and every later sync would fail with "run ID is in use":
+    # each `walbuf sync` runs its own.
+    os.environ.pop("WANDB_SERVICE", None)
     bar: Any = None
 
     def on_run(run: RunSync) -> None:
