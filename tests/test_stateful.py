@@ -7,7 +7,6 @@ copies, never remove one).
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 
@@ -30,17 +29,18 @@ def _crash(_run: object) -> None:
     raise Crash
 
 
+_DEFAULT_RETRIES = wandb_adapter._retry_settings
+
+
 def _fast_retries() -> dict[str, object]:
-    fast = dict(wandb_adapter_retry_settings())
-    for key in list(fast):
+    """One retry, one second apart: wandb-core truncates waits to whole seconds (0 = its default)."""
+    fast = _DEFAULT_RETRIES()
+    for key in fast:
         if key.endswith("_max"):
             fast[key] = 1
         elif key.endswith("_seconds"):
-            fast[key] = 0.1
+            fast[key] = 1
     return fast
-
-
-wandb_adapter_retry_settings = wandb_adapter._retry_settings
 
 
 class SyncMachine(RuleBasedStateMachine):
