@@ -397,12 +397,11 @@ class _Syncer:
         report.target = wandb_run.target
         report.offline_dir = wandb_run.offline_dir
         with self.storage.begin_write() as conn:
-            for writer in plan.writers.values():
-                conn.execute(
-                    writers.update()
-                    .where(writers.c.id == writer.id, writers.c.synced_id < last_sent)
-                    .values(synced_id=last_sent)
-                )
+            conn.execute(
+                writers.update()
+                .where(writers.c.id.in_(list(plan.writers)), writers.c.synced_id < last_sent)
+                .values(synced_id=last_sent)
+            )
             if new_keys:
                 conn.execute(
                     metric_keys.insert(), [{"writer_id": w, "key": k} for w, k in sorted(new_keys)]
