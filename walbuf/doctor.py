@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from filelock import FileLock, Timeout
 
 from .errors import BufferNotFoundError, SchemaTooNewError, StorageError
-from .status import status
+from .status import read_runs
 from .storage import HEAD_REVISION, KNOWN_REVISIONS, Storage, resolve_url, syncs
 
 
@@ -98,7 +98,14 @@ def doctor(buffer: str | os.PathLike[str]) -> DoctorReport:
 
 def _sync_findings(report: DoctorReport, path: Path) -> None:
     add = report.findings.append
-    for run in status(path).runs:
+    storage = Storage(path, create=False)
+    try:
+        with storage.begin_read() as conn:
+            run_status = read_runs(conn)
+        cut_off = _cut_off_syncs(storage)
+    finally:
+        storage.dispose()
+    for run in run_status:
         add(Finding(f"run {run.run}", True, f"{run.records} records, {run.pending} pending"))
         last = run.last_sync
         if last is not None and last.status == "failed":
@@ -110,23 +117,9 @@ def _sync_findings(report: DoctorReport, path: Path) -> None:
                     "fix what the message says, or wait for W&B to be reachable; then walbuf sync",
                 )
             )
-    storage = Storage(path, create=False)
-    try:
-        lock = FileLock(storage.lock_path("sync.lock"), thread_local=False)
-        try:
-            lock.acquire(timeout=0)
-        except Timeout:
-            add(Finding("sync lock", True, "held: a walbuf sync is running now"))
-            return
-        try:
-            with storage.begin_read() as conn:
-                cut_off = conn.execute(
-                    sa.select(syncs.c.id, syncs.c.host, syncs.c.pid, syncs.c.records).where(syncs.c.status == "running")
-                ).all()
-        finally:
-            lock.release()
-    finally:
-        storage.dispose()
+    if cut_off is None:
+        add(Finding("sync lock", True, "held: a walbuf sync is running now"))
+        return
     for entry in cut_off:
         add(
             Finding(
@@ -136,3 +129,23 @@ def _sync_findings(report: DoctorReport, path: Path) -> None:
                 "run walbuf sync: it sends those records again, and W&B may then hold some of them twice",
             )
         )
+
+
+def _cut_off_syncs(storage: Storage) -> list[sa.Row] | None:
+    """Syncs left "running" by a syncer that died; None while a sync holds the lock (its entry is live)."""
+    lock = FileLock(storage.lock_path("sync.lock"), thread_local=False)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return None
+    try:
+        with storage.begin_read() as conn:
+            return list(
+                conn.execute(
+                    sa.select(syncs.c.id, syncs.c.host, syncs.c.pid, syncs.c.records).where(
+                        syncs.c.status == "running"
+                    )
+                )
+            )
+    finally:
+        lock.release()

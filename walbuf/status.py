@@ -59,12 +59,13 @@ def status(buffer: str | os.PathLike[str]) -> BufferStatus:
     storage = Storage(buffer, create=False)
     try:
         with storage.begin_read() as conn:
-            return BufferStatus(str(storage.path), _runs(conn))
+            return BufferStatus(str(storage.path), read_runs(conn))
     finally:
         storage.dispose()
 
 
-def _runs(conn: sa.Connection) -> list[RunStatus]:
+def read_runs(conn: sa.Connection) -> list[RunStatus]:
+    """The status of every run, read on ``conn`` (in its snapshot)."""
     counts = {
         row.writer_id: row
         for row in conn.execute(
