@@ -292,15 +292,18 @@ def test_missing_buffer_exits_66(server, tmp_path):
 
 def test_second_syncer_exits_at_once_with_its_own_code(server, buffer):
     log_records(buffer, "w", 1)
-    holder = walbuf.storage.Storage(buffer).lock_path("sync.lock")
-    from filelock import FileLock
-
-    with FileLock(holder):
+    storage = walbuf.storage.Storage(buffer)
+    holder = storage.lock("sync")
+    assert holder.acquire(timeout=0)
+    try:
         start = time.monotonic()
         proc = run_sync(server, buffer)
         assert proc.returncode == 11
         assert "another walbuf sync" in proc.stderr
         assert time.monotonic() - start < 30
+    finally:
+        holder.release()
+        storage.dispose()
     assert server.runs == {}
 
 

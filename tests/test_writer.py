@@ -176,7 +176,7 @@ def test_buffer_is_in_wal_mode(buffer):
 @pytest.mark.parametrize("durability, level", [("normal", 1), ("fsync", 2)])
 def test_durability_sets_sqlite_synchronous(buffer, durability, level):
     with walbuf.Writer(buffer, writer="w", durability=durability) as w:
-        assert w._cursor.connection.execute("PRAGMA synchronous").fetchone()[0] == level
+        assert w._appender._cursor.connection.execute("PRAGMA synchronous").fetchone()[0] == level
 
 
 def test_unknown_durability_is_refused(buffer):

@@ -1,11 +1,11 @@
 """Doctor: check a buffer and say what, if anything, needs a person.
 
-Checks the file's integrity (SQLite's integrity_check), its journal mode and
-schema revision, what is pending, and the log of syncs: an upload that a
-dead syncer left "running" (its records will be sent again, maybe twice),
-or a last sync that failed. Writer and sync locks are kernel file locks
-(released when their process dies), so they cannot go stale; doctor reports
-which are held.
+Checks a SQLite file's integrity (SQLite's integrity_check) and journal mode,
+or that a PostgreSQL server answers; then the schema revision, what is
+pending, and the log of syncs: an upload that a dead syncer left "running"
+(its records will be sent again, maybe twice), or a last sync that failed. Writer and sync locks are kernel file locks
+(in PostgreSQL, advisory locks of a session), released when their process
+dies, so they cannot go stale; doctor reports which are held.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import sqlalchemy as sa
-from filelock import FileLock, Timeout
 
+from .backends import Backend, SQLiteBackend, backend_for
 from .errors import BufferNotFoundError, SchemaTooNewError, StorageError
 from .status import read_runs
-from .storage import HEAD_REVISION, KNOWN_REVISIONS, Storage, resolve_url, syncs
+from .storage import HEAD_REVISION, KNOWN_REVISIONS, Storage, current_revision, syncs
 
 
 @dataclass
@@ -47,11 +47,30 @@ def doctor(buffer: str | os.PathLike[str]) -> DoctorReport:
     Changes nothing, but that a buffer of an older schema revision is
     upgraded, as whenever walbuf opens one.
     """
-    url = resolve_url(buffer)
-    path = Path(url.database or "")
-    if not path.exists():
-        raise BufferNotFoundError(f"no buffer at {path}")
-    report = DoctorReport(str(path))
+    backend = backend_for(buffer)
+    if not backend.exists():
+        raise BufferNotFoundError(f"no buffer at {backend.location}")
+    report = DoctorReport(backend.location)
+    if isinstance(backend, SQLiteBackend):
+        checked, revision = _file_findings(report, backend.path)
+    else:
+        checked, revision = _server_findings(report, backend)
+    if not checked:
+        return report
+    add = report.findings.append
+    if revision not in (None, *KNOWN_REVISIONS):
+        add(Finding("schema", False, f"revision {revision}, newer than {HEAD_REVISION}", "upgrade walbuf"))
+        return report
+    add(Finding("schema", True, f"revision {revision or 'none yet'} (this walbuf: {HEAD_REVISION})"))
+    try:
+        _sync_findings(report, backend.url)
+    except (SchemaTooNewError, StorageError) as exc:
+        add(Finding("contents", False, str(exc), "see the message"))
+    return report
+
+
+def _file_findings(report: DoctorReport, path: Path) -> tuple[bool, str | None]:
+    """Integrity and journal mode of a SQLite file; (examined, schema revision)."""
     add = report.findings.append
     # Plain sqlite3, read-only: a damaged or too-new file must still be examined.
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
@@ -60,7 +79,7 @@ def doctor(buffer: str | os.PathLike[str]) -> DoctorReport:
             result = conn.execute("PRAGMA integrity_check").fetchall()
         except sqlite3.DatabaseError as exc:
             add(Finding("integrity", False, str(exc), "restore the buffer from a copy; it is not readable"))
-            return report
+            return False, None
         ok = result == [("ok",)]
         add(
             Finding(
@@ -85,20 +104,28 @@ def doctor(buffer: str | os.PathLike[str]) -> DoctorReport:
             revision = None
     finally:
         conn.close()
-    if revision not in (None, *KNOWN_REVISIONS):
-        add(Finding("schema", False, f"revision {revision}, newer than {HEAD_REVISION}", "upgrade walbuf"))
-        return report
-    add(Finding("schema", True, f"revision {revision or 'none yet'} (this walbuf: {HEAD_REVISION})"))
+    return True, revision
+
+
+def _server_findings(report: DoctorReport, backend: Backend) -> tuple[bool, str | None]:
+    """The server of a PostgreSQL buffer (it checks its own pages); (examined, schema revision)."""
+    engine = backend.engine("normal", busy_timeout=10)
     try:
-        _sync_findings(report, path)
-    except (SchemaTooNewError, StorageError) as exc:
-        add(Finding("contents", False, str(exc), "see the message"))
-    return report
+        with engine.connect() as conn:
+            version = conn.exec_driver_sql("SHOW server_version").scalar()
+            schema = conn.exec_driver_sql("SELECT current_schema()").scalar()
+            revision = current_revision(conn)
+    except sa.exc.DBAPIError as exc:
+        raise backend.error(exc.orig) from exc
+    finally:
+        engine.dispose()
+    report.findings.append(Finding("server", True, f"PostgreSQL {version}, schema {schema}"))
+    return True, revision
 
 
-def _sync_findings(report: DoctorReport, path: Path) -> None:
+def _sync_findings(report: DoctorReport, url: sa.URL) -> None:
     add = report.findings.append
-    storage = Storage(path, create=False)
+    storage = Storage(url, create=False)
     try:
         with storage.begin_read() as conn:
             run_status = read_runs(conn)
@@ -133,10 +160,8 @@ def _sync_findings(report: DoctorReport, path: Path) -> None:
 
 def _cut_off_syncs(storage: Storage) -> list[sa.Row] | None:
     """Syncs left "running" by a syncer that died; None while a sync holds the lock (its entry is live)."""
-    lock = FileLock(storage.lock_path("sync.lock"), thread_local=False)
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
+    lock = storage.lock("sync")
+    if not lock.acquire(timeout=0):
         return None
     try:
         with storage.begin_read() as conn:

@@ -33,6 +33,10 @@ class BufferNotFoundError(StorageError):
     """Reading a buffer that does not exist (reading never creates one)."""
 
 
+class BufferUnavailableError(StorageError):
+    """The database server of a PostgreSQL buffer cannot be reached. Nothing was written."""
+
+
 class ConfigError(WalbufError, ValueError):
     """A missing or unusable setting: no buffer given, a bad URL, an empty writer id, ..."""
 
@@ -84,6 +88,7 @@ __all__ = [
     "StepOrderError",
     "StorageError",
     "BufferNotFoundError",
+    "BufferUnavailableError",
     "ConfigError",
     "BufferCorruptError",
     "SchemaTooNewError",

@@ -2,7 +2,8 @@
 
 Never deletes a record W&B has not confirmed (id above its writer's cursor),
 and never the newest record of the buffer: SQLite gives a new row the largest
-id plus one, so keeping that row keeps ids growing and cursors sound. A
+id plus one, so keeping that row keeps ids growing and cursors sound
+(PostgreSQL's sequence never reuses ids either way). A
 writer whose records are all pruned remembers its last step (pruned_step),
 so its steps never restart.
 """
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from .errors import ConfigError
-from .storage import Storage, records, writers, translate_errors
+from .storage import Storage, records, writers
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -40,14 +41,16 @@ class PruneResult:
 def prune(buffer: str | os.PathLike[str], *, older_than: float, vacuum: bool = True) -> PruneResult:
     """Delete synced records logged more than ``older_than`` seconds ago; then VACUUM.
 
-    Writers may keep logging meanwhile: they wait on SQLite's lock while the
-    deletion and the VACUUM run (up to the busy timeout).
+    Writers may keep logging meanwhile. In SQLite they wait on its lock
+    while the deletion and the VACUUM run (up to the busy timeout), and the
+    file shrinks. In PostgreSQL they never wait: plain VACUUM makes the space
+    reusable by new records without giving it back to the filesystem.
     """
     if older_than < 0:
         raise ConfigError(f"older_than must not be negative, not {older_than!r}")
     storage = Storage(buffer, create=False)
     try:
-        before = _size(storage)
+        before = storage.size()
         cutoff = time.time() - older_than
         cursor = sa.select(writers.c.synced_id).where(writers.c.id == records.c.writer_id).scalar_subquery()
         newest = sa.select(sa.func.max(records.c.id)).scalar_subquery()
@@ -65,21 +68,7 @@ def prune(buffer: str | os.PathLike[str], *, older_than: float, vacuum: bool = T
             )
             deleted = conn.execute(records.delete().where(doomed)).rowcount
         if vacuum and deleted:
-            # On the driver connection: VACUUM cannot run inside the
-            # transaction SQLAlchemy would begin.
-            raw = storage.raw_connection()
-            try:
-                with translate_errors(storage.path):
-                    raw.driver_connection.execute("VACUUM")  # type: ignore[union-attr]
-                    raw.driver_connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # type: ignore[union-attr]
-            finally:
-                raw.close()
-        return PruneResult(deleted, before, _size(storage))
+            storage.reclaim()
+        return PruneResult(deleted, before, storage.size())
     finally:
         storage.dispose()
-
-
-def _size(storage: Storage) -> int:
-    return sum(
-        os.path.getsize(p) for p in (storage.path, f"{storage.path}-wal") if os.path.exists(p)
-    )

@@ -59,7 +59,7 @@ def status(buffer: str | os.PathLike[str]) -> BufferStatus:
     storage = Storage(buffer, create=False)
     try:
         with storage.begin_read() as conn:
-            return BufferStatus(str(storage.path), read_runs(conn))
+            return BufferStatus(storage.location, read_runs(conn))
     finally:
         storage.dispose()
 

@@ -1,10 +1,9 @@
-"""The storage: where a buffer lives, its engine and pragmas, its tables, its schema.
+"""The storage: the tables of a buffer, its schema, and the queries on them.
 
-A buffer is a SQLite database in WAL mode. Every connection gets a busy
-timeout, WAL journaling and the synchronous level of the chosen durability;
-the driver runs in autocommit and walbuf emits BEGIN itself (BEGIN IMMEDIATE
-for transactions that write), which is what SQLite needs for transactional DDL
-and for writers that never fail with SQLITE_BUSY half-way through.
+A buffer is a SQLite database in WAL mode (a file) or a PostgreSQL database
+(a server, for writers on many hosts); :mod:`walbuf.backends` holds what
+differs between the two. Transactions that write take their locks at BEGIN
+(SQLite: BEGIN IMMEDIATE), so a writer never fails half-way through.
 
 The schema belongs to the Alembic migrations in migrations/ (installed as
 walbuf.migrations). Opening a buffer applies them; when the schema is already
@@ -14,25 +13,20 @@ current the check is one SELECT and Alembic is not imported.
 from __future__ import annotations
 
 import os
-import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import sqlalchemy as sa
-from filelock import FileLock
 
+from .backends import DURABILITY_LEVELS, Appender, Backend, Lock, SQLiteBackend, backend_for
 from .errors import (
     BufferBusyError,
-    BufferCorruptError,
-    BufferFullError,
-    ConfigError,
     BufferNotFoundError,
+    ConfigError,
     SchemaTooNewError,
-    StorageError,
     TargetConflictError,
     WriterConflictError,
 )
@@ -43,15 +37,11 @@ from .record import Record, decode
 KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002", "0003")
 HEAD_REVISION = KNOWN_REVISIONS[-1]
 
-DURABILITY_LEVELS = {"normal": "NORMAL", "fsync": "FULL"}
 DEFAULT_BUSY_TIMEOUT = 60.0  # seconds; a writer waits this long for the write lock
-# Each commit appends the pages it changed to the WAL; a record is far smaller
-# than a page, so smaller pages mean less to write per log() and a shorter
-# hold of the write lock. Measured with 16 writer processes (scripts/
-# bench_writer.py): 1 KiB pages and a checkpoint every 10,000 pages (10 MiB
-# of WAL) gave about 1.2x the records/s of SQLite's defaults (4 KiB, 1,000).
-PAGE_SIZE = 1024  # takes effect only when the database file is created
-WAL_AUTOCHECKPOINT = 10_000  # pages
+
+# Record ids are sync cursors. 64-bit in PostgreSQL; in SQLite the column
+# must be INTEGER to be the rowid (which is 64-bit already).
+RecordId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
 metadata = sa.MetaData()
 
@@ -82,7 +72,7 @@ writers = sa.Table(
     sa.Column("opened_at", sa.Float, nullable=False),
     # The sync cursor: every record of this writer with id <= synced_id has
     # been uploaded (W&B confirmed it). Advanced only after confirmation.
-    sa.Column("synced_id", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("synced_id", RecordId, nullable=False, server_default="0"),
     # The step of the newest record of this writer that prune deleted: the
     # writer continues after it even when none of its records remain.
     sa.Column("pruned_step", sa.BigInteger),
@@ -92,7 +82,7 @@ writers = sa.Table(
 records = sa.Table(
     "records",
     metadata,
-    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("id", RecordId, primary_key=True),
     sa.Column("writer_id", sa.Integer, sa.ForeignKey("writers.id"), nullable=False),
     sa.Column("step", sa.BigInteger, nullable=False),
     sa.Column("time", sa.Float, nullable=False),
@@ -100,8 +90,9 @@ records = sa.Table(
     # No secondary index and no AUTOINCREMENT: each costs about a third more
     # per log(). Ids still only grow, as SQLite gives a new row the largest
     # id plus one, as long as the row with the largest id is never deleted
-    # (pruning must keep it). Readers scan by id: a writer's last step is
-    # found scanning back from the newest row.
+    # (pruning must keep it). PostgreSQL's sequence never reuses an id.
+    # Readers scan by id: a writer's last step is found scanning back from
+    # the newest row.
 )
 
 
@@ -116,7 +107,7 @@ syncs = sa.Table(
     sa.Column("started_at", sa.Float, nullable=False),
     sa.Column("finished_at", sa.Float),
     # The upload covers the run's pending records with id <= last_id.
-    sa.Column("last_id", sa.Integer, nullable=False),
+    sa.Column("last_id", RecordId, nullable=False),
     sa.Column("records", sa.Integer, nullable=False),
     sa.Column("message", sa.Text),
     sa.Column("host", sa.Text, nullable=False),
@@ -136,26 +127,8 @@ metric_keys = sa.Table(
 
 
 def resolve_url(buffer: str | os.PathLike[str]) -> sa.URL:
-    """Turn a path or SQLAlchemy URL into an absolute SQLite URL, or raise ConfigError."""
-    text = os.fspath(buffer)
-    if not text:
-        raise ConfigError("no buffer given: pass a path or set WALBUF_BUFFER")
-    if "://" not in text:
-        return sa.URL.create("sqlite", database=str(Path(text).expanduser().absolute()))
-    try:
-        url = sa.make_url(text)
-    except sa.exc.ArgumentError as exc:
-        raise ConfigError(f"buffer {text!r} is not a valid SQLAlchemy URL: {exc}") from None
-    if url.get_backend_name() != "sqlite":
-        raise ConfigError(
-            f"buffer {text!r}: walbuf stores buffers in SQLite; give a file path or a sqlite:/// URL"
-        )
-    if url.database in (None, "", ":memory:") or url.query.get("mode") == "memory":
-        raise ConfigError(
-            f"buffer {text!r} is an in-memory database, which other processes cannot see;"
-            " give a file path"
-        )
-    return url.set(database=str(Path(url.database).expanduser().absolute()))
+    """Turn a path or SQLAlchemy URL into an absolute SQLite or PostgreSQL URL, or raise ConfigError."""
+    return backend_for(buffer).url
 
 
 class Storage:
@@ -177,88 +150,75 @@ class Storage:
             raise ConfigError(
                 f"durability must be one of {sorted(DURABILITY_LEVELS)}, not {durability!r}"
             )
-        self.url = buffer if isinstance(buffer, sa.URL) else resolve_url(buffer)
-        assert self.url.database is not None
-        self.path = Path(self.url.database)
-        if not self.path.exists():
+        self.backend: Backend = backend_for(buffer)
+        self.url = self.backend.url
+        self.location = self.backend.location
+        # The file of a SQLite buffer; None in PostgreSQL.
+        self.path: Path | None = self.backend.path if isinstance(self.backend, SQLiteBackend) else None
+        if not self.backend.exists():
             if not create:
-                raise BufferNotFoundError(f"no buffer at {self.path}")
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+                raise BufferNotFoundError(f"no buffer at {self.location}")
+            self.backend.prepare()
         self.durability = durability
-        self._synchronous = DURABILITY_LEVELS[durability]
-        self._busy_ms = int(busy_timeout * 1000)
-        self.engine = sa.create_engine(
-            self.url,
-            connect_args={"check_same_thread": False},
-            poolclass=sa.pool.NullPool,
-        )
-        sa.event.listen(self.engine, "connect", self._on_connect)
-        sa.event.listen(self.engine, "begin", _on_begin)
+        self.engine = self.backend.engine(durability, busy_timeout)
         try:
-            with translate_errors(self.path):
-                ensure_schema(self)
+            with self.translate_errors():
+                ensure_schema(self, create)
         except BaseException:
             self.engine.dispose()
             raise
 
     # -- connections ---------------------------------------------------------
 
-    def _on_connect(self, dbapi_connection: sqlite3.Connection, _record: Any) -> None:
-        # Autocommit at the driver: SQLAlchemy's "begin" event emits BEGIN.
-        dbapi_connection.isolation_level = None
-        cursor = dbapi_connection.cursor()
+    @contextmanager
+    def translate_errors(self) -> Iterator[None]:
+        """Turn the driver's errors into walbuf's own (see Backend.error)."""
         try:
-            cursor.execute(f"PRAGMA busy_timeout={self._busy_ms}")
-            mode = cursor.execute("PRAGMA journal_mode").fetchone()[0]
-            if mode.lower() != "wal":
-                # Only a new buffer gets here. Switching to WAL can fail with
-                # SQLITE_BUSY at once, without the busy handler, while another
-                # process switches the same new file: take turns. WAL stays
-                # set in the file, so later openers skip this.
-                with FileLock(self.lock_path("migrate.lock"), thread_local=False):
-                    cursor.execute(f"PRAGMA page_size={PAGE_SIZE}")
-                    mode = cursor.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-            if mode.lower() != "wal":
-                raise ConfigError(
-                    f"{self.path}: SQLite could not switch the buffer to WAL mode"
-                    f" (it stays in {mode!r}); put the buffer on a local filesystem"
-                )
-            cursor.execute(f"PRAGMA synchronous={self._synchronous}")
-            cursor.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT}")
-        finally:
-            cursor.close()
+            yield
+        except sa.exc.DBAPIError as exc:
+            raise self.backend.error(exc.orig) from exc
 
     @contextmanager
-    def begin_write(self) -> Iterator[sa.Connection]:
-        """A transaction that takes SQLite's write lock at BEGIN (no mid-transaction SQLITE_BUSY)."""
-        with translate_errors(self.path):
+    def begin_write(self, *, fence: bool = False) -> Iterator[sa.Connection]:
+        """A transaction that takes its write lock at BEGIN.
+
+        With ``fence``, every record id up to the largest visible one is
+        committed, and later records get larger ids (see walbuf.backends).
+        """
+        with self.translate_errors():
             with self.engine.connect().execution_options(walbuf_write=True) as conn:
                 with conn.begin():
+                    if fence:
+                        self.backend.fence(conn)
                     yield conn
 
     @contextmanager
     def begin_read(self) -> Iterator[sa.Connection]:
         """A read transaction: one consistent snapshot of the buffer."""
-        with translate_errors(self.path):
+        with self.translate_errors():
             with self.engine.connect() as conn:
+                if self.path is None:
+                    # PostgreSQL's default gives each statement its own snapshot.
+                    conn = conn.execution_options(isolation_level="REPEATABLE READ")
                 with conn.begin():
                     yield conn
 
-    def raw_connection(self) -> sa.PoolProxiedConnection:
-        """A dedicated connection, configured like every other, for the writer's hot path.
+    def appender(self) -> Appender:
+        """A dedicated connection for one writer's hot path."""
+        with self.translate_errors():
+            return self.backend.appender(self.engine)
 
-        The caller keeps the returned proxy for as long as it uses
-        ``.driver_connection`` (the sqlite3 connection): dropping the proxy
-        closes it.
-        """
-        with translate_errors(self.path):
-            return self.engine.raw_connection()
+    def lock(self, name: str) -> Lock:
+        """A named lock of this buffer (sync, migrate, a writer id)."""
+        return self.backend.lock(name)
 
-    def lock_path(self, name: str) -> Path:
-        """Where lock files of this buffer live: a directory beside the database."""
-        directory = self.path.with_name(self.path.name + ".locks")
-        directory.mkdir(exist_ok=True)
-        return directory / name
+    def size(self) -> int:
+        with self.translate_errors():
+            return self.backend.size(self.engine)
+
+    def reclaim(self) -> None:
+        with self.translate_errors():
+            self.backend.reclaim(self.engine)
 
     def dispose(self) -> None:
         """Close the engine's connections (in the process that opened them)."""
@@ -267,8 +227,8 @@ class Storage:
     def abandon(self) -> None:
         """Forget the engine without closing its connections: what a forked child must do.
 
-        Closing a SQLite connection inherited across fork can disturb the
-        parent's locks and WAL; SQLAlchemy's pool is told to let go without
+        Closing a connection inherited across fork can disturb the parent's
+        locks, WAL or session; SQLAlchemy's pool is told to let go without
         touching them.
         """
         self.engine.dispose(close=False)
@@ -332,18 +292,6 @@ class Storage:
             run_id = conn.execute(runs.insert().values(name=run, created_at=now)).inserted_primary_key[0]
         return run_id
 
-    def insert_sql(self) -> str:
-        """The compiled INSERT of one record: (writer_id, step, time, metrics), positional."""
-        stmt = records.insert().values(
-            writer_id=sa.bindparam("w"),
-            step=sa.bindparam("s"),
-            time=sa.bindparam("t"),
-            metrics=sa.bindparam("m"),
-        )
-        compiled = stmt.compile(dialect=self.engine.dialect)
-        assert compiled.positiontup == ["w", "s", "t", "m"], compiled.positiontup
-        return str(compiled)
-
     def read(self, run: str | None = None, writer: str | None = None) -> Iterator[Record]:
         """Every record (of one run / writer if given), in the order they were logged."""
         query = (
@@ -402,40 +350,6 @@ def set_target(conn: sa.Connection, run_id: int, run: str, given: Target) -> Tar
     return merged
 
 
-def _on_begin(conn: sa.Connection) -> None:
-    conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("walbuf_write") else "BEGIN")
-
-
-@contextmanager
-def translate_errors(path: Path) -> Iterator[None]:
-    """Turn the driver's errors about the database file into walbuf's own."""
-    try:
-        yield
-    except sa.exc.DBAPIError as exc:
-        raise storage_error(path, exc.orig) from exc
-    except sqlite3.Error as exc:
-        raise storage_error(path, exc) from exc
-
-
-def storage_error(path: Path, exc: BaseException | None) -> StorageError:
-    message = str(exc)
-    if isinstance(exc, sqlite3.OperationalError) and "locked" in message:
-        return BufferBusyError(
-            f"{path}: the database stayed locked past the busy timeout ({message});"
-            f" another process holds a long write transaction: find it with `fuser {path}`"
-        )
-    if isinstance(exc, sqlite3.OperationalError) and "full" in message:
-        return BufferFullError(
-            f"{path}: the disk is full ({message}); the record was not written and every"
-            " earlier one is intact: free space (walbuf prune removes synced records), then log again"
-        )
-    if isinstance(exc, sqlite3.DatabaseError) and (
-        "not a database" in message or "malformed" in message
-    ):
-        return BufferCorruptError(f"{path} is not a readable walbuf buffer ({message})")
-    return StorageError(f"{path}: {message}")
-
-
 def current_revision(conn: sa.Connection) -> str | None:
     """The schema revision stored in the buffer, or None for an empty database."""
     if not sa.inspect(conn).has_table("alembic_version"):
@@ -446,30 +360,42 @@ def current_revision(conn: sa.Connection) -> str | None:
 def _check_known(storage: Storage, revision: str | None) -> None:
     if revision is not None and revision not in KNOWN_REVISIONS:
         raise SchemaTooNewError(
-            f"{storage.path} has schema revision {revision!r}, newer than this walbuf knows"
+            f"{storage.location} has schema revision {revision!r}, newer than this walbuf knows"
             f" (up to {HEAD_REVISION!r}); upgrade walbuf to read or write it"
         )
 
 
-def ensure_schema(storage: Storage) -> None:
+def ensure_schema(storage: Storage, create: bool = True) -> None:
     """Bring the buffer's schema to HEAD_REVISION, or raise SchemaTooNewError.
 
-    Concurrent openers of a new buffer serialise on a lock file; each one
-    re-checks after taking it, so only the first runs the migrations.
+    Concurrent openers of a new buffer take turns on a lock; each one
+    re-checks after taking it, so only the first runs the migrations. With
+    ``create`` false, a database without walbuf's tables raises
+    BufferNotFoundError (a SQLite file that is missing is caught earlier).
     """
     with storage.engine.connect() as conn:
         revision = current_revision(conn)
         conn.rollback()
     if revision == HEAD_REVISION:
         return
+    if revision is None and not create and storage.path is None:
+        raise BufferNotFoundError(f"no walbuf buffer in {storage.location}")
     _check_known(storage, revision)
-    with FileLock(storage.lock_path("migrate.lock"), thread_local=False):
+    lock = storage.lock("migrate")
+    if not lock.acquire(timeout=DEFAULT_BUSY_TIMEOUT):
+        raise BufferBusyError(
+            f"{storage.location}: another process kept upgrading the schema for"
+            f" {DEFAULT_BUSY_TIMEOUT:g}s; find it, or try again"
+        )
+    try:
         with storage.begin_write() as conn:
             revision = current_revision(conn)
             if revision == HEAD_REVISION:
                 return
             _check_known(storage, revision)
             upgrade(conn)
+    finally:
+        lock.release()
 
 
 def upgrade(conn: sa.Connection, target: str = "head") -> None:

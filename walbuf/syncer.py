@@ -36,8 +36,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import sqlalchemy as sa
-from filelock import FileLock, Timeout
-
 from .errors import ConfigError, SyncLockedError, UploadError
 from .record import decode
 from .storage import (
@@ -138,11 +136,9 @@ def sync(
             raise ConfigError(f"{name} must be positive, not {value!r}")
     storage = Storage(buffer, create=False)
     try:
-        lock = FileLock(storage.lock_path("sync.lock"), thread_local=False)
-        try:
-            lock.acquire(timeout=wait)
-        except Timeout:
-            raise SyncLockedError(_locked_message(storage, wait)) from None
+        lock = storage.lock("sync")
+        if not lock.acquire(timeout=wait):
+            raise SyncLockedError(_locked_message(storage, wait))
         try:
             syncer = _Syncer(storage, mode, directory, max_records, max_seconds, progress)
             chosen = syncer.runs_to_sync(run, run_id)
@@ -178,7 +174,7 @@ def _locked_message(storage: Storage, wait: float) -> str:
         who = f" (process {holder.pid} on {holder.host}, since {started})"
     waited = f" and did not finish within {wait:g}s" if wait else ""
     return (
-        f"another walbuf sync of {storage.path} is running{who}{waited};"
+        f"another walbuf sync of {storage.location} is running{who}{waited};"
         " let it finish, or pass --wait SECONDS to wait for it"
     )
 
@@ -205,7 +201,17 @@ class _Syncer:
     ) -> None:
         self.storage = storage
         self.mode = mode
-        self.directory = Path(directory) if directory else storage.path.with_name(storage.path.name + ".wandb")
+        # Only offline mode writes there.
+        self.directory = Path.cwd()
+        if directory is not None:
+            self.directory = Path(directory)
+        elif storage.path is not None:
+            self.directory = storage.path.with_name(storage.path.name + ".wandb")
+        elif mode == "offline":
+            raise ConfigError(
+                f"{storage.location} is not a file, so there is no folder beside it for the"
+                " offline run: give one with --dir"
+            )
         self.remaining = max_records
         self.deadline = None if max_seconds is None else time.monotonic() + max_seconds
         self.progress = progress
@@ -221,18 +227,20 @@ class _Syncer:
         if run is not None:
             if run not in names:
                 known = ", ".join(repr(n) for n in names) or "none"
-                raise ConfigError(f"no run {run!r} in {self.storage.path} (runs: {known})")
+                raise ConfigError(f"no run {run!r} in {self.storage.location} (runs: {known})")
             return [run]
         if run_id is not None and len(names) > 1:
             raise ConfigError(
-                f"--run-id names one W&B run, but {self.storage.path} holds {len(names)} runs;"
+                f"--run-id names one W&B run, but {self.storage.location} holds {len(names)} runs;"
                 " choose one with --run NAME"
             )
         return names
 
     def plan(self, name: str, overrides: Target, dry_run: bool) -> _Plan | None:
         """Fix the run's target and the extent of its upload; None if nothing is pending."""
-        write = self.storage.begin_read() if dry_run else self.storage.begin_write()
+        # The fence makes the newest id a sound upper bound: no record at or
+        # below it can still appear (see walbuf.backends).
+        write = self.storage.begin_read() if dry_run else self.storage.begin_write(fence=True)
         with write as conn:
             run_id = conn.scalar(sa.select(runs.c.id).where(runs.c.name == name))
             found = {

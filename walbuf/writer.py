@@ -24,14 +24,12 @@ import hashlib
 import operator
 import os
 import socket
-import sqlite3
 import threading
 import time
 from collections.abc import Mapping
 from typing import Any
 
 import sqlalchemy as sa
-from filelock import FileLock, Timeout
 
 from .errors import (
     ConfigError,
@@ -41,7 +39,8 @@ from .errors import (
     WriterConflictError,
 )
 from .record import encode, flatten
-from .storage import DURABILITY_LEVELS, Storage, Target, resolve_url, storage_error, writers
+from .backends import DURABILITY_LEVELS, Appender, Lock
+from .storage import Storage, Target, resolve_url, writers
 
 ENV_BUFFER = "WALBUF_BUFFER"
 ENV_WRITER = "WALBUF_WRITER"
@@ -138,9 +137,8 @@ class Writer:
         self._lock = threading.Lock()
         self._closed = False
         self._storage: Storage | None = None
-        self._connection: sa.PoolProxiedConnection | None = None
-        self._owner: FileLock | None = None
-        self._cursor: sqlite3.Cursor | None = None
+        self._appender: Appender | None = None
+        self._owner: Lock | None = None
         self._orphans: list[object] = []
 
     def _open(self) -> None:
@@ -155,32 +153,32 @@ class Writer:
             raise ConfigError(f"step_axis {step_axis!r} contains '*', which W&B reads as a wildcard")
         storage = Storage(self._url, durability=self._durability)
         try:
-            owner = self._own(storage, writer)
+            appender = storage.appender()
             try:
-                writer_pk, last_step = storage.register_writer(
-                    self._run, writer, step_axis, socket.gethostname(), os.getpid(), self._target
-                )
-                connection = storage.raw_connection()
+                owner = self._own(storage, appender, writer)
+                try:
+                    writer_pk, last_step = storage.register_writer(
+                        self._run, writer, step_axis, socket.gethostname(), os.getpid(), self._target
+                    )
+                except BaseException:
+                    owner.release()
+                    raise
             except BaseException:
-                owner.release()
+                appender.close()
                 raise
         except BaseException:
             storage.dispose()
             raise
-        self._storage, self._owner, self._connection = storage, owner, connection
-        self._cursor = connection.driver_connection.cursor()  # type: ignore[union-attr]
-        self._sql = storage.insert_sql()
+        self._storage, self._owner, self._appender = storage, owner, appender
         self._writer, self._step_axis, self._writer_pk = writer, step_axis, writer_pk
         self._last_step = last_step
         self._pid = os.getpid()
         atexit.register(self.close)
 
-    def _own(self, storage: Storage, writer: str) -> FileLock:
+    def _own(self, storage: Storage, appender: Appender, writer: str) -> Lock:
         digest = hashlib.sha256(f"{self._run}\0{writer}".encode()).hexdigest()[:24]
-        owner = FileLock(storage.lock_path(f"writer-{digest}.lock"), thread_local=False)
-        try:
-            owner.acquire(timeout=self._wait)
-        except Timeout:
+        owner = storage.backend.writer_lock(f"writer-{digest}", appender)
+        if not owner.acquire(timeout=self._wait):
             with storage.begin_read() as conn:
                 holder = conn.execute(
                     sa.select(writers.c.host, writers.c.pid)
@@ -199,14 +197,17 @@ class Writer:
         """After fork or unpickling: leave the parent's handles alone and open anew."""
         if self._pid == os.getpid():
             return
-        inherited = [self._storage, self._connection, self._owner, self._cursor, *self._orphans]
+        storage, appender = self._storage, self._appender
+        inherited = [storage, appender, self._owner, *self._orphans]
         closed = self._closed
         self._init_process_state()
         # Kept referenced, never closed: closing them here could release the
-        # parent's locks or disturb its WAL.
+        # parent's locks or disturb its WAL or database session.
         self._orphans = [obj for obj in inherited if obj is not None]
-        if inherited[0] is not None:
-            inherited[0].abandon()  # type: ignore[union-attr]
+        if appender is not None:
+            appender.abandon()
+        if storage is not None:
+            storage.abandon()
         self._closed = closed
         if closed:
             raise WriterClosedError(f"writer {self._writer!r} is closed")
@@ -264,10 +265,7 @@ class Writer:
                 step = 0 if last is None else last + 1
             else:
                 step = self._check_step(step, last)
-            try:
-                self._cursor.execute(self._sql, (self._writer_pk, step, time.time(), payload))  # type: ignore[union-attr]
-            except sqlite3.Error as exc:
-                raise storage_error(self._storage.path, exc) from exc  # type: ignore[union-attr]
+            self._appender.append((self._writer_pk, step, time.time(), payload))  # type: ignore[union-attr]
             self._last_step = step
             return step
 
@@ -292,23 +290,15 @@ class Writer:
 
         log() has already committed each record (safe against the process
         dying); in the default durability SQLite defers the fsync of its WAL
-        to checkpoints, and flush() does it now.
+        to checkpoints, and PostgreSQL commits without waiting for its WAL
+        flush (synchronous_commit=off); flush() waits for that now.
         """
         if self._pid != os.getpid():
             self._ensure_own_process()
         with self._lock:
             if self._closed:
                 return
-            path = self._storage.path  # type: ignore[union-attr]
-            for name in (f"{path}-wal", str(path)):
-                try:
-                    fd = os.open(name, os.O_RDONLY)
-                except FileNotFoundError:
-                    continue  # no WAL: everything is checkpointed into the database
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+            self._appender.flush(self._writer_pk)  # type: ignore[union-attr]
 
     def close(self) -> None:
         """Release the writer id and close the connection. Idempotent; atexit calls it.
@@ -325,10 +315,8 @@ class Writer:
                 return
             self._closed = True
             atexit.unregister(self.close)
-            if self._cursor is not None:
-                self._cursor.close()
-            if self._connection is not None:
-                self._connection.close()
+            if self._appender is not None:
+                self._appender.close()
             if self._storage is not None:
                 self._storage.dispose()
             if self._owner is not None:
