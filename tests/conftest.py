@@ -3,13 +3,42 @@
 from __future__ import annotations
 
 import math
-import sqlite3
+import os
+import tempfile
+import uuid
+from contextlib import contextmanager
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 import walbuf
+
+# A PostgreSQL database the tests may make schemas in (scripts/with-postgres
+# starts a throwaway cluster and sets it). Each test's buffer is a schema of
+# its own, dropped afterwards.
+POSTGRES = os.environ.get("WALBUF_TEST_POSTGRES")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Run each test that takes a buffer once per backend its `backends` marker names."""
+    if "backend" in metafunc.fixturenames:
+        marker = metafunc.definition.get_closest_marker("backends")
+        names = marker.args if marker else ("sqlite",)
+        metafunc.parametrize("backend", names, indirect=True)
+
+
+@pytest.fixture
+def backend(request: pytest.FixtureRequest) -> str:
+    """The kind of database the test's buffer is in: "sqlite" or "postgresql"."""
+    name = request.param
+    if name == "postgresql" and not POSTGRES:
+        message = "no PostgreSQL: run the tests as scripts/with-postgres pytest"
+        if os.environ.get("CI"):
+            pytest.fail(message)  # never skipped in CI
+        pytest.skip(message)
+    return name
 
 
 @pytest.fixture(scope="session")
@@ -25,10 +54,30 @@ def wandb_session_server():
         yield fake
 
 
+@contextmanager
+def fresh_buffer(backend: str):
+    """A buffer that does not exist yet, removed afterwards: a SQLite path, or a PostgreSQL URL with a new schema."""
+    if backend == "sqlite":
+        with tempfile.TemporaryDirectory() as tmp:
+            yield Path(tmp) / "runs" / "exp.db"
+        return
+    schema = f"test_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(POSTGRES, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f"CREATE SCHEMA {schema}")
+    try:
+        yield f"{POSTGRES}?options=-csearch_path%3D{schema}"
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")
+        admin.dispose()
+
+
 @pytest.fixture
-def buffer(tmp_path: Path) -> Path:
-    """Path of a buffer that does not exist yet."""
-    return tmp_path / "runs" / "exp.db"
+def buffer(backend: str):
+    """A buffer that does not exist yet (see fresh_buffer)."""
+    with fresh_buffer(backend) as location:
+        yield location
 
 
 @pytest.fixture(autouse=True)
@@ -54,7 +103,7 @@ def same_metrics(a: dict[str, object], b: dict[str, object]) -> bool:
     return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
 
 
-def by_writer(buffer: Path, run: str | None = None) -> dict[str, list[walbuf.Record]]:
+def by_writer(buffer: Path | str, run: str | None = None) -> dict[str, list[walbuf.Record]]:
     """The records in a buffer, grouped by writer, each group in logged order."""
     groups: dict[str, list[walbuf.Record]] = defaultdict(list)
     for record in walbuf.read(buffer, run=run):
@@ -62,9 +111,43 @@ def by_writer(buffer: Path, run: str | None = None) -> dict[str, list[walbuf.Rec
     return dict(groups)
 
 
-def record_count(buffer: Path) -> int:
-    """Rows in the records table, read with plain sqlite3 (independent of walbuf's reader)."""
-    if not buffer.exists():
+def record_count(buffer: Path | str) -> int:
+    """Rows in the records table, read with plain SQLAlchemy (independent of walbuf's reader)."""
+    if isinstance(buffer, Path) and not buffer.exists():
         return 0
-    with sqlite3.connect(buffer) as conn:
-        return conn.execute("SELECT count(*) FROM records").fetchone()[0]
+    engine = sa.create_engine(buffer_url(buffer), poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            if not sa.inspect(conn).has_table("records"):
+                return 0
+            return conn.exec_driver_sql("SELECT count(*) FROM records").scalar()
+    finally:
+        engine.dispose()
+
+
+def buffer_url(buffer: Path | str) -> str:
+    """The SQLAlchemy URL of a test buffer, for opening it without walbuf."""
+    return f"sqlite:///{buffer}" if isinstance(buffer, Path) else buffer
+
+
+def run_sql(buffer: Path | str, statement: str, params: dict | None = None) -> list[tuple]:
+    """Run one SQL statement on a buffer outside walbuf (committed); its rows, if any."""
+    engine = sa.create_engine(buffer_url(buffer), poolclass=sa.pool.NullPool)
+    try:
+        with engine.begin() as conn:
+            result = conn.execute(sa.text(statement), params or {})
+            return [tuple(row) for row in result] if result.returns_rows else []
+    finally:
+        engine.dispose()
+
+
+def buffer_exists(buffer: Path | str) -> bool:
+    """Whether walbuf made a buffer there: the SQLite file, or walbuf's tables in the schema."""
+    if isinstance(buffer, Path):
+        return buffer.exists()
+    engine = sa.create_engine(buffer, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            return sa.inspect(conn).has_table("alembic_version")
+    finally:
+        engine.dispose()

@@ -10,6 +10,8 @@ import walbuf
 import workers
 from conftest import record_count
 
+pytestmark = pytest.mark.backends("sqlite", "postgresql")
+
 
 def make(buffer, **settings):
     @walbuf.logged(buffer, writer="eval", step_axis="eval_step", run="exp1", **settings)

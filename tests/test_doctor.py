@@ -9,7 +9,10 @@ from click.testing import CliRunner
 
 import walbuf
 from walbuf.cli import main
+from conftest import run_sql
 from walbuf.doctor import doctor
+
+pytestmark = pytest.mark.backends("sqlite", "postgresql")
 
 
 def make(buffer, n=3):
@@ -22,22 +25,23 @@ def failing(report):
     return {f.check for f in report.findings if not f.ok}
 
 
-def test_healthy_buffer_passes_and_shows_pending(buffer):
+def test_healthy_buffer_passes_and_shows_pending(buffer, backend):
     make(buffer)
     report = doctor(buffer)
     assert report.healthy
     assert any(f.check == "run r" and "3 pending" in f.detail for f in report.findings)
     result = CliRunner().invoke(main, ["doctor", str(buffer)])
-    assert result.exit_code == 0 and "integrity: ok" in result.output
+    first_check = {"sqlite": "integrity: ok", "postgresql": "server: PostgreSQL"}[backend]
+    assert result.exit_code == 0 and first_check in result.output
 
 
 def test_upload_left_running_by_a_dead_syncer_needs_a_person(buffer):
     make(buffer)
-    with sqlite3.connect(buffer) as conn:
-        conn.execute(
-            "INSERT INTO syncs (run_id, mode, status, started_at, last_id, records, host, pid)"
-            " VALUES (1, 'online', 'running', 0, 3, 3, 'h', 4242)"
-        )
+    run_sql(
+        buffer,
+        "INSERT INTO syncs (run_id, mode, status, started_at, last_id, records, host, pid)"
+        " VALUES (1, 'online', 'running', 0, 3, 3, 'h', 4242)",
+    )
     assert failing(doctor(buffer)) == {"interrupted sync"}
     result = CliRunner().invoke(main, ["doctor", str(buffer)])
     assert result.exit_code == 1 and "run walbuf sync" in result.output
@@ -45,11 +49,11 @@ def test_upload_left_running_by_a_dead_syncer_needs_a_person(buffer):
 
 def test_failed_last_sync_is_reported_with_its_message(buffer):
     make(buffer)
-    with sqlite3.connect(buffer) as conn:
-        conn.execute(
-            "INSERT INTO syncs (run_id, mode, status, started_at, last_id, records, host, pid, message)"
-            " VALUES (1, 'online', 'failed', 0, 3, 3, 'h', 1, 'W&B did not open run')"
-        )
+    run_sql(
+        buffer,
+        "INSERT INTO syncs (run_id, mode, status, started_at, last_id, records, host, pid, message)"
+        " VALUES (1, 'online', 'failed', 0, 3, 3, 'h', 1, 'W&B did not open run')",
+    )
     report = doctor(buffer)
     assert failing(report) == {"run r last sync"}
     assert any("W&B did not open run" in f.detail for f in report.findings)
@@ -57,11 +61,11 @@ def test_failed_last_sync_is_reported_with_its_message(buffer):
 
 def test_newer_schema_needs_an_upgrade(buffer):
     make(buffer)
-    with sqlite3.connect(buffer) as conn:
-        conn.execute("UPDATE alembic_version SET version_num = '9999'")
+    run_sql(buffer, "UPDATE alembic_version SET version_num = '9999'")
     assert failing(doctor(buffer)) == {"schema"}
 
 
+@pytest.mark.backends("sqlite")
 def test_damaged_file_fails_integrity(buffer):
     make(buffer, n=2000)
     with sqlite3.connect(buffer) as conn:

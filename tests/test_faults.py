@@ -10,7 +10,10 @@ import walbuf
 import workers
 from conftest import by_writer
 
+pytestmark = pytest.mark.backends("sqlite", "postgresql")
 
+
+@pytest.mark.backends("sqlite")
 def test_full_disk_is_a_clear_error_and_loses_nothing_committed(buffer):
     with walbuf.Writer(buffer, writer="w") as w:
         w.log({"i": -1})

@@ -18,6 +18,8 @@ import walbuf
 import workers
 from conftest import by_writer
 
+pytestmark = pytest.mark.backends("sqlite", "postgresql")
+
 START_METHODS = ["spawn", "fork", "forkserver"]
 TESTS = Path(__file__).parent
 

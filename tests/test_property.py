@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import pytest
+
 import walbuf
-from conftest import by_writer, same_metrics
+from conftest import by_writer, fresh_buffer, same_metrics
+
+pytestmark = pytest.mark.backends("sqlite", "postgresql")
 
 WRITERS = ("rank-0", "rank-1", "eval")
 AXIS = "axis"
@@ -30,12 +31,15 @@ calls = st.lists(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(calls)
-def test_read_back_equals_what_was_logged_per_writer(calls):
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(calls=calls)
+def test_read_back_equals_what_was_logged_per_writer(backend, calls):
     expected: dict[str, list[tuple[int, dict]]] = {name: [] for name in WRITERS}
-    with tempfile.TemporaryDirectory() as tmp:
-        buffer = Path(tmp) / "prop.db"
+    with fresh_buffer(backend) as buffer:
         opened = {name: walbuf.Writer(buffer, writer=name, step_axis=AXIS) for name in WRITERS}
         for name, logged, offset in calls:
             history = expected[name]

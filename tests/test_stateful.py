@@ -7,16 +7,16 @@ copies, never remove one).
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
 import walbuf
+from conftest import fresh_buffer
 from walbuf import wandb_adapter
+
+pytestmark = pytest.mark.backends("sqlite", "postgresql")
 
 WRITERS = ("rank-0", "rank-1", "eval")
 
@@ -45,11 +45,12 @@ def _fast_retries() -> dict[str, object]:
 
 class SyncMachine(RuleBasedStateMachine):
     server = None  # set by the test
+    backend = "sqlite"  # set by the test
 
     @initialize()
     def open_buffer(self):
-        self.tmp = tempfile.TemporaryDirectory()
-        self.buffer = Path(self.tmp.name) / "b.db"
+        self.tmp = fresh_buffer(self.backend)
+        self.buffer = self.tmp.__enter__()
         self.appended = {w: [] for w in WRITERS}
         self.counter = 0
         walbuf.Writer(self.buffer, writer=WRITERS[0], run="r").close()  # the buffer exists, empty
@@ -103,18 +104,21 @@ class SyncMachine(RuleBasedStateMachine):
                             first.append(key)
                     assert first == expected, writer
         finally:
-            self.tmp.cleanup()
+            self.tmp.__exit__(None, None, None)
 
 
 @pytest.mark.filterwarnings("ignore")
-def test_sync_state_machine(wandb_session_server, tmp_path, monkeypatch):
+def test_sync_state_machine(wandb_session_server, backend, tmp_path, monkeypatch):
     for name, value in wandb_session_server.env().items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setattr(wandb_adapter, "_retry_settings", _fast_retries)
     SyncMachine.server = wandb_session_server
-    machine = settings(
-        max_examples=20, stateful_step_count=10, deadline=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-    )(SyncMachine)
-    machine.TestCase().runTest()
+    SyncMachine.backend = backend
+    run_state_machine_as_test(
+        SyncMachine,
+        settings=settings(
+            max_examples=20, stateful_step_count=10, deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+        ),
+    )

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -15,7 +15,10 @@ from alembic.config import Config
 
 import walbuf
 import walbuf.migrations
+from conftest import buffer_exists, buffer_url, run_sql
 from walbuf import storage
+
+pytestmark = pytest.mark.backends("sqlite", "postgresql")
 
 
 def make_buffer(buffer, records=1):
@@ -26,8 +29,7 @@ def make_buffer(buffer, records=1):
 
 def test_new_buffer_is_at_the_newest_schema_revision(buffer):
     make_buffer(buffer)
-    with sqlite3.connect(buffer) as conn:
-        assert conn.execute("SELECT version_num FROM alembic_version").fetchone()[0] == storage.HEAD_REVISION
+    assert run_sql(buffer, "SELECT version_num FROM alembic_version") == [(storage.HEAD_REVISION,)]
 
 
 def test_known_revisions_list_matches_alembics_migrations():
@@ -40,7 +42,7 @@ def test_known_revisions_list_matches_alembics_migrations():
 
 def test_migrated_schema_matches_the_tables_the_code_uses(buffer):
     make_buffer(buffer)
-    engine = sa.create_engine(f"sqlite:///{buffer}")
+    engine = sa.create_engine(buffer_url(buffer))
     with engine.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), storage.metadata)
     engine.dispose()
@@ -60,19 +62,20 @@ def test_opening_a_current_buffer_does_not_import_alembic(buffer):
 
 def test_buffer_from_a_newer_schema_is_refused_and_left_untouched(buffer):
     make_buffer(buffer)
-    with sqlite3.connect(buffer) as conn:
-        conn.execute("UPDATE alembic_version SET version_num = '9999_future'")
-    before = buffer.read_bytes()
+    run_sql(buffer, "UPDATE alembic_version SET version_num = '9999_future'")
+    before = buffer.read_bytes() if isinstance(buffer, Path) else None
     with pytest.raises(walbuf.SchemaTooNewError, match="upgrade walbuf"):
         walbuf.Writer(buffer, writer="w")
     with pytest.raises(walbuf.SchemaTooNewError):
         list(walbuf.read(buffer))
-    with sqlite3.connect(buffer) as conn:
-        assert conn.execute("SELECT version_num FROM alembic_version").fetchone()[0] == "9999_future"
-        assert conn.execute("SELECT count(*) FROM records").fetchone()[0] == 1
-    assert buffer.read_bytes() == before
+    assert run_sql(buffer, "SELECT version_num FROM alembic_version") == [("9999_future",)]
+    assert run_sql(buffer, "SELECT count(*), count(DISTINCT writer_id) FROM records") == [(1, 1)]
+    assert run_sql(buffer, "SELECT count(*) FROM writers") == [(1,)]
+    if before is not None:
+        assert buffer.read_bytes() == before
 
 
+@pytest.mark.backends("sqlite")
 def test_file_that_is_not_a_database_is_reported_as_corrupt(buffer):
     buffer.parent.mkdir(parents=True)
     buffer.write_bytes(b"this is not sqlite" * 100)
@@ -82,9 +85,15 @@ def test_file_that_is_not_a_database_is_reported_as_corrupt(buffer):
 
 
 def test_reading_a_missing_buffer_raises_and_creates_nothing(buffer):
-    with pytest.raises(walbuf.BufferNotFoundError, match=str(buffer)):
+    with pytest.raises(walbuf.BufferNotFoundError, match="no .*buffer"):
         list(walbuf.read(buffer))
-    assert not buffer.exists()
+    assert not buffer_exists(buffer)
+
+
+@pytest.mark.backends("postgresql")
+def test_unreachable_server_is_its_own_error():
+    with pytest.raises(walbuf.BufferUnavailableError, match="cannot reach"):
+        walbuf.Writer("postgresql+psycopg://walbuf@127.0.0.1:9/walbuf", writer="w")
 
 
 def test_read_filters_by_run_and_writer(buffer):
@@ -107,8 +116,9 @@ def test_read_sees_one_snapshot(buffer):
 
 
 def test_buffer_at_an_older_revision_is_upgraded_keeping_its_records(buffer):
-    buffer.parent.mkdir(parents=True)
-    engine = sa.create_engine(f"sqlite:///{buffer}")
+    if isinstance(buffer, Path):
+        buffer.parent.mkdir(parents=True)
+    engine = sa.create_engine(buffer_url(buffer))
     with engine.begin() as conn:
         storage.upgrade(conn, KNOWN_OLDEST)
         conn.exec_driver_sql("INSERT INTO runs (id, name, created_at) VALUES (1, 'old', 0)")
@@ -121,8 +131,7 @@ def test_buffer_at_an_older_revision_is_upgraded_keeping_its_records(buffer):
     with walbuf.Writer(buffer, writer="w", run="old") as w:
         assert w.log({"a": 2}) == 5
     assert [(r.step, r.metrics) for r in walbuf.read(buffer)] == [(4, {"a": 1}), (5, {"a": 2})]
-    with sqlite3.connect(buffer) as conn:
-        assert conn.execute("SELECT version_num FROM alembic_version").fetchone()[0] == storage.HEAD_REVISION
+    assert run_sql(buffer, "SELECT version_num FROM alembic_version") == [(storage.HEAD_REVISION,)]
 
 
 KNOWN_OLDEST = storage.KNOWN_REVISIONS[0]

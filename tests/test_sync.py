@@ -20,6 +20,8 @@ import pytest
 import walbuf
 from wandb_server import FakeWandb
 
+pytestmark = pytest.mark.backends("sqlite", "postgresql")
+
 TESTS = Path(__file__).parent
 
 
@@ -30,12 +32,11 @@ def server():
 
 
 @pytest.fixture
-def in_process(wandb_session_server, buffer, monkeypatch):
+def in_process(wandb_session_server, tmp_path, monkeypatch):
     """A server for syncs run in this process (see conftest.wandb_session_server)."""
     for name, value in wandb_session_server.env().items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setenv("WANDB_DIR", str(buffer.parent))
-    buffer.parent.mkdir(parents=True, exist_ok=True)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     return wandb_session_server
 
 
@@ -357,9 +358,9 @@ def test_kill_9_of_the_syncer_loses_nothing_and_reports_possible_duplicates(serv
     _kill_a_syncer_mid_upload_then_sync_again(server, buffer)
 
 
-def test_a_killed_syncer_does_not_block_the_next_under_a_wandb_using_parent(in_process, server, buffer):
-    log_records(buffer.parent / "warm.db", "setup", 1)
-    walbuf.sync(buffer.parent / "warm.db")  # this process now runs a wandb service, in WANDB_SERVICE
+def test_a_killed_syncer_does_not_block_the_next_under_a_wandb_using_parent(in_process, server, buffer, tmp_path):
+    log_records(tmp_path / "warm.db", "setup", 1)
+    walbuf.sync(tmp_path / "warm.db")  # this process now runs a wandb service, in WANDB_SERVICE
     assert os.environ.get("WANDB_SERVICE")
     _kill_a_syncer_mid_upload_then_sync_again(server, buffer)
 
@@ -413,9 +414,9 @@ def test_max_seconds_stops_sending_and_the_rest_waits(in_process, buffer):
     assert walbuf.status(buffer).runs[0].pending == 0
 
 
-def test_missing_credentials_exit_78_not_75_and_advance_nothing(server, buffer):
+def test_missing_credentials_exit_78_not_75_and_advance_nothing(server, buffer, tmp_path):
     log_records(buffer, "w", 1)
-    env = {**os.environ, **server.env(), "HOME": str(buffer.parent)}
+    env = {**os.environ, **server.env(), "HOME": str(tmp_path)}
     del env["WANDB_API_KEY"]
     proc = subprocess.run(
         [sys.executable, "-m", "walbuf", "sync", str(buffer), "--quiet"],

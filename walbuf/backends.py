@@ -100,6 +100,9 @@ class Backend:
     def appender(self, engine: sa.Engine) -> Appender:
         raise NotImplementedError
 
+    def serialize(self, conn: sa.Connection) -> None:
+        """At the start of a write transaction: wait for the others to end (SQLite's BEGIN IMMEDIATE)."""
+
     def fence(self, conn: sa.Connection) -> None:
         """In a write transaction: see the module docstring."""
 
@@ -365,6 +368,15 @@ class PostgresBackend(Backend):
         # On the appender's own session: one connection per writer, not two.
         assert isinstance(appender, _PostgresAppender)
         return _AdvisoryLock(self, name, connection=appender.connection)
+
+    def serialize(self, conn: sa.Connection) -> None:
+        # Write transactions read, then write what they read (a new run or
+        # writer, cursors): one at a time, as in SQLite. Appends are not
+        # write transactions and never wait for this lock.
+        keys = _pg_lock_keys("write transaction")
+        conn.exec_driver_sql(
+            f"SELECT pg_advisory_xact_lock(hashtext('walbuf:' || current_schema()) # {keys[0]}, {keys[1]})"
+        )
 
     def fence(self, conn: sa.Connection) -> None:
         # SHARE conflicts with the ROW EXCLUSIVE lock every INSERT holds until

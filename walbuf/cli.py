@@ -16,6 +16,7 @@ from . import __version__
 from .errors import (
     BufferCorruptError,
     BufferNotFoundError,
+    BufferUnavailableError,
     ConfigError,
     SchemaTooNewError,
     SyncLockedError,
@@ -36,6 +37,7 @@ EXIT_USAGE = 2  # bad arguments (click's own code)
 EXIT_LOCKED = 11  # another syncer holds the buffer (EAGAIN: try again later)
 EXIT_DATAERR = 65  # buffer corrupt, or written by a newer walbuf
 EXIT_NOINPUT = 66  # buffer does not exist
+EXIT_UNAVAILABLE = 69  # the buffer's PostgreSQL server cannot be reached
 EXIT_TEMPFAIL = 75  # W&B unreachable or failed: nothing advanced, the next sync retries
 EXIT_CONFIG = 78  # unusable setting, or one that conflicts with the buffer
 
@@ -43,6 +45,7 @@ EXIT_CODES: list[tuple[type[WalbufError], int]] = [
     (SyncLockedError, EXIT_LOCKED),
     (UploadError, EXIT_TEMPFAIL),
     (BufferNotFoundError, EXIT_NOINPUT),
+    (BufferUnavailableError, EXIT_UNAVAILABLE),
     (BufferCorruptError, EXIT_DATAERR),
     (SchemaTooNewError, EXIT_DATAERR),
     (ConfigError, EXIT_CONFIG),
@@ -58,6 +61,7 @@ Exit codes:
   11  another walbuf sync of this buffer is running
   65  buffer is corrupt or from a newer walbuf
   66  buffer does not exist
+  69  the buffer's PostgreSQL server cannot be reached; retry later
   75  W&B unreachable or failed: nothing was marked synced; retry later
   78  unusable setting, missing or refused W&B credentials,
       or a setting that conflicts with what the buffer holds

@@ -64,7 +64,8 @@ def prune(buffer: str | os.PathLike[str], *, older_than: float, vacuum: bool = T
             conn.execute(
                 writers.update()
                 .where(sa.exists().where(doomed, records.c.writer_id == writers.c.id))
-                .values(pruned_step=sa.func.max(sa.func.coalesce(writers.c.pruned_step, -1), last_pruned))
+                # greatest(), spelt so that SQLite and PostgreSQL both read it.
+                .values(pruned_step=sa.case((writers.c.pruned_step > last_pruned, writers.c.pruned_step), else_=last_pruned))
             )
             deleted = conn.execute(records.delete().where(doomed)).rowcount
         if vacuum and deleted:

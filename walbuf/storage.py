@@ -188,6 +188,7 @@ class Storage:
         with self.translate_errors():
             with self.engine.connect().execution_options(walbuf_write=True) as conn:
                 with conn.begin():
+                    self.backend.serialize(conn)
                     if fence:
                         self.backend.fence(conn)
                     yield conn

@@ -34,7 +34,8 @@ def upgrade() -> None:
     )
     op.create_table(
         "records",
-        sa.Column("id", sa.Integer, primary_key=True),
+        # 64-bit ids in PostgreSQL; in SQLite INTEGER, the rowid (64-bit already).
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True),
         sa.Column("writer_id", sa.Integer, sa.ForeignKey("writers.id"), nullable=False),
         sa.Column("step", sa.BigInteger, nullable=False),
         sa.Column("time", sa.Float, nullable=False),

@@ -13,6 +13,9 @@ down_revision = "0001"
 branch_labels = None
 depends_on = None
 
+# A record id, as in 0001: 64-bit in PostgreSQL, INTEGER (the rowid) in SQLite.
+RECORD_ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
 
 def upgrade() -> None:
     with op.batch_alter_table("runs") as batch:
@@ -23,7 +26,7 @@ def upgrade() -> None:
             sa.Column("offline_step", sa.BigInteger, nullable=False, server_default="0")
         )
     with op.batch_alter_table("writers") as batch:
-        batch.add_column(sa.Column("synced_id", sa.Integer, nullable=False, server_default="0"))
+        batch.add_column(sa.Column("synced_id", RECORD_ID, nullable=False, server_default="0"))
     op.create_table(
         "syncs",
         sa.Column("id", sa.Integer, primary_key=True),
@@ -32,7 +35,7 @@ def upgrade() -> None:
         sa.Column("status", sa.Text, nullable=False),
         sa.Column("started_at", sa.Float, nullable=False),
         sa.Column("finished_at", sa.Float, nullable=True),
-        sa.Column("last_id", sa.Integer, nullable=False),
+        sa.Column("last_id", RECORD_ID, nullable=False),
         sa.Column("records", sa.Integer, nullable=False),
         sa.Column("message", sa.Text, nullable=True),
         sa.Column("host", sa.Text, nullable=False),
