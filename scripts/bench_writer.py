@@ -13,15 +13,14 @@ Rounds alternate between the contenders so that machine noise hits both.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import sqlite3
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+import bench_backends  # scripts/ is on sys.path when this runs as a script
 import walbuf
 from walbuf.record import encode
 
@@ -59,39 +58,8 @@ def time_wandb_offline(run: object, n: int) -> float:
     return (time.perf_counter() - start) / n
 
 
-def _concurrent_worker(buffer: str, index: int, n: int, ready: object, go: object) -> None:
-    writer = walbuf.Writer(buffer, writer=f"proc-{index}", run="bench")
-    ready.release()  # type: ignore[attr-defined]
-    go.wait()  # type: ignore[attr-defined]
-    for _ in range(n):
-        writer.log(METRICS)
-    writer.close()
-
-
 def concurrent_rate(directory: Path, processes: int, n: int) -> float:
-    buffer = str(directory / "concurrent.db")
-    walbuf.Writer(buffer, writer="setup", run="bench").close()  # schema made before the clock
-    ctx = mp.get_context("fork")
-    ready, go = ctx.Semaphore(0), ctx.Event()
-    procs = [
-        ctx.Process(target=_concurrent_worker, args=(buffer, i, n, ready, go))
-        for i in range(processes)
-    ]
-    for p in procs:
-        p.start()
-    for _ in procs:
-        ready.acquire()
-    start = time.perf_counter()
-    go.set()
-    for p in procs:
-        p.join()
-    elapsed = time.perf_counter() - start
-    if any(p.exitcode != 0 for p in procs):
-        sys.exit("a concurrent writer failed")
-    count = sum(1 for r in walbuf.read(buffer, run="bench") if r.writer != "setup")
-    if count != processes * n:
-        sys.exit(f"lost records: {count} of {processes * n}")
-    return processes * n / elapsed
+    return bench_backends.rate(str(directory / "concurrent.db"), processes, n)
 
 
 def main() -> None:
