@@ -147,9 +147,17 @@ def backend_for(buffer: str | os.PathLike[str] | sa.URL) -> Backend:
 
 
 class SQLiteBackend(Backend):
+    """A SQLite file, in WAL mode for the processes of one host.
+
+    ``locks`` is where its lock files go (default: ``<file>.locks/`` beside
+    it); the shards of a directory buffer share the directory's. ``journal``
+    "delete" is for a database that processes on several hosts open in turn
+    (a directory buffer's hub): WAL's index is shared memory of one host.
+    """
+
     name = "sqlite"
 
-    def __init__(self, url: sa.URL) -> None:
+    def __init__(self, url: sa.URL, *, locks: Path | None = None, journal: str = "wal") -> None:
         if url.database in (None, "", ":memory:") or url.query.get("mode") == "memory":
             raise ConfigError(
                 f"buffer {url.render_as_string()!r} is an in-memory database, which other"
@@ -158,6 +166,8 @@ class SQLiteBackend(Backend):
         self.path = Path(url.database).expanduser().absolute()
         self.url = url.set(database=str(self.path))
         self.location = str(self.path)
+        self.locks = locks if locks is not None else self.path.with_name(self.path.name + ".locks")
+        self.journal = journal
 
     def exists(self) -> bool:
         return self.path.exists()
@@ -176,17 +186,17 @@ class SQLiteBackend(Backend):
             try:
                 cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
                 mode = cursor.execute("PRAGMA journal_mode").fetchone()[0]
-                if mode.lower() != "wal":
+                if mode.lower() != self.journal:
                     # Only a new buffer gets here. Switching to WAL can fail with
                     # SQLITE_BUSY at once, without the busy handler, while another
                     # process switches the same new file: take turns. WAL stays
                     # set in the file, so later openers skip this.
                     with FileLock(self.lock_path("migrate.lock"), thread_local=False):
                         cursor.execute(f"PRAGMA page_size={PAGE_SIZE}")
-                        mode = cursor.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-                if mode.lower() != "wal":
+                        mode = cursor.execute(f"PRAGMA journal_mode={self.journal}").fetchone()[0]
+                if mode.lower() != self.journal:
                     raise ConfigError(
-                        f"{self.path}: SQLite could not switch the buffer to WAL mode"
+                        f"{self.path}: SQLite could not switch the buffer to {self.journal} mode"
                         f" (it stays in {mode!r}); put the buffer on a local filesystem"
                     )
                 cursor.execute(f"PRAGMA synchronous={synchronous}")
@@ -208,10 +218,9 @@ class SQLiteBackend(Backend):
         return engine
 
     def lock_path(self, name: str) -> Path:
-        """Where lock files of this buffer live: a directory beside the database."""
-        directory = self.path.with_name(self.path.name + ".locks")
-        directory.mkdir(exist_ok=True)
-        return directory / name
+        """The lock file ``name`` of this buffer (its directory is made if missing)."""
+        self.locks.mkdir(parents=True, exist_ok=True)
+        return self.locks / name
 
     def lock(self, name: str) -> Lock:
         return _FileLock(FileLock(self.lock_path(f"{name}.lock"), thread_local=False))

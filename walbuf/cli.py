@@ -235,6 +235,10 @@ def status(buffer: str, as_json: bool) -> None:
         click.echo(json.dumps(report.to_dict(), indent=2))
         return
     click.echo(f"buffer {report.buffer}")
+    for shard in report.shards:
+        created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(shard.created_at))
+        waiting = "not readable from this host" if shard.not_in_hub is None else f"{shard.not_in_hub} records not yet in the hub"
+        click.echo(f"shard {shard.shard} ({shard.state}, since {created}): {waiting}")
     if not report.runs:
         click.echo("  no runs yet")
     for run in report.runs:
@@ -268,8 +272,9 @@ def prune(buffer: str, older_than: str, quiet: bool) -> None:
         result = prune_buffer(buffer, older_than=parse_age(older_than))
     if not quiet:
         click.echo(
-            f"deleted {result.deleted} synced records;"
-            f" {result.bytes_before:,} -> {result.bytes_after:,} bytes"
+            f"deleted {result.deleted} synced records"
+            + (f" and {result.shards_removed} ingested shards" if result.shards_removed else "")
+            + f"; {result.bytes_before:,} -> {result.bytes_after:,} bytes"
         )
 
 

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import sqlalchemy as sa
 
+from . import ingest, shards
 from .backends import Backend, SQLiteBackend, backend_for
 from .errors import BufferNotFoundError, SchemaTooNewError, StorageError
 from .status import read_runs
@@ -47,6 +50,8 @@ def doctor(buffer: str | os.PathLike[str]) -> DoctorReport:
     Changes nothing, but that a buffer of an older schema revision is
     upgraded, as whenever walbuf opens one.
     """
+    if shards.is_directory(buffer):
+        return _directory(shards.Layout(buffer))
     backend = backend_for(buffer)
     if not backend.exists():
         raise BufferNotFoundError(f"no buffer at {backend.location}")
@@ -55,21 +60,83 @@ def doctor(buffer: str | os.PathLike[str]) -> DoctorReport:
         checked, revision = _file_findings(report, backend.path)
     else:
         checked, revision = _server_findings(report, backend)
-    if not checked:
-        return report
+    if checked:
+        _contents(report, revision, lambda: Storage(backend.url, create=False))
+    return report
+
+
+def _contents(report: DoctorReport, revision: str | None, open_storage: Callable[[], Storage]) -> None:
     add = report.findings.append
     if revision not in (None, *KNOWN_REVISIONS):
         add(Finding("schema", False, f"revision {revision}, newer than {HEAD_REVISION}", "upgrade walbuf"))
         return report
     add(Finding("schema", True, f"revision {revision or 'none yet'} (this walbuf: {HEAD_REVISION})"))
     try:
-        _sync_findings(report, backend.url)
+        _sync_findings(report, open_storage())
     except (SchemaTooNewError, StorageError) as exc:
         add(Finding("contents", False, str(exc), "see the message"))
+
+
+def _directory(layout: shards.Layout) -> DoctorReport:
+    """The hub as a one-file buffer (in rollback-journal mode), then each shard not yet ingested."""
+    if not layout.root.is_dir():
+        raise BufferNotFoundError(f"no buffer at {layout.root}")
+    report = DoctorReport(str(layout.root))
+    add = report.findings.append
+    if layout.hub.exists():
+        checked, revision = _file_findings(report, layout.hub, journal="delete")
+        if checked:
+            _contents(report, revision, lambda: ingest.open_hub(layout, create=False))
+    else:
+        add(Finding("hub", True, "none yet: the first walbuf sync makes it"))
+    host, age = shards.host_name(), shards.rotate_seconds()
+    now = time.time()
+    for shard, waiting in ingest.backlog(layout, host):
+        name = f"shard {shard.id}"
+        if shard.state == "sealed":
+            add(_sealed_finding(name, shard, waiting))
+        elif shard.host == host and not shards.in_use(shard.path):
+            add(
+                Finding(
+                    name,
+                    False,
+                    f"live, {waiting} records not in the hub, and no process uses it (its writers died)",
+                    "run walbuf sync on this host: it seals the shard and copies its records in",
+                )
+            )
+        elif shard.host != host and now > shard.gen / 1e9 + 2 * age:
+            add(
+                Finding(
+                    name,
+                    False,
+                    f"live on {shard.host} for longer than twice the rotation age ({age:g}s):"
+                    " its writers there may have died, or hang",
+                    f"on {shard.host}, run walbuf sync (it seals shards nobody uses) or check its writers",
+                )
+            )
+        else:
+            detail = "in use on this host" if shard.host == host else f"live on {shard.host}"
+            add(Finding(name, True, detail + ("" if waiting is None else f", {waiting} records not in the hub")))
     return report
 
 
-def _file_findings(report: DoctorReport, path: Path) -> tuple[bool, str | None]:
+def _sealed_finding(name: str, shard: shards.Shard, waiting: int | None) -> Finding:
+    conn = shard.connect()
+    try:
+        result = conn.execute("PRAGMA integrity_check").fetchall()
+    except sqlite3.DatabaseError as exc:
+        result = [(str(exc),)]
+    finally:
+        conn.close()
+    if result != [("ok",)]:
+        return Finding(
+            name, False, "sealed, damaged: " + "; ".join(r[0] for r in result[:3]),
+            f"copy {shard.path} aside and recover it with `sqlite3 FILE .recover`, then put the copy in its place",
+        )
+    return Finding(name, True, f"sealed, {waiting} records not in the hub yet")
+
+
+def _file_findings(report: DoctorReport, path: Path, journal: str = "wal") -> tuple[bool, str | None]:
     """Integrity and journal mode of a SQLite file; (examined, schema revision)."""
     add = report.findings.append
     # Plain sqlite3, read-only: a damaged or too-new file must still be examined.
@@ -93,9 +160,9 @@ def _file_findings(report: DoctorReport, path: Path) -> tuple[bool, str | None]:
         add(
             Finding(
                 "journal mode",
-                mode == "wal",
+                mode == journal,
                 mode,
-                "" if mode == "wal" else "open it once with walbuf on a local filesystem to switch it to WAL",
+                "" if mode == journal else f"open it once with walbuf on a local filesystem to switch it to {journal}",
             )
         )
         try:
@@ -123,9 +190,8 @@ def _server_findings(report: DoctorReport, backend: Backend) -> tuple[bool, str 
     return True, revision
 
 
-def _sync_findings(report: DoctorReport, url: sa.URL) -> None:
+def _sync_findings(report: DoctorReport, storage: Storage) -> None:
     add = report.findings.append
-    storage = Storage(url, create=False)
     try:
         with storage.begin_read() as conn:
             run_status = read_runs(conn)

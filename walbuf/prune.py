@@ -14,10 +14,12 @@ import os
 import re
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import sqlalchemy as sa
 
-from .errors import ConfigError
+from . import ingest, shards
+from .errors import BufferNotFoundError, ConfigError
 from .storage import Storage, records, writers
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -33,13 +35,18 @@ def parse_age(text: str) -> float:
 
 @dataclass
 class PruneResult:
-    deleted: int
+    deleted: int  # records
     bytes_before: int
     bytes_after: int
+    shards_removed: int = 0  # of a directory buffer: ingested shards deleted
 
 
 def prune(buffer: str | os.PathLike[str], *, older_than: float, vacuum: bool = True) -> PruneResult:
     """Delete synced records logged more than ``older_than`` seconds ago; then VACUUM.
+
+    Of a directory buffer: the hub's synced records, and the ingested shards
+    (whose records the hub holds) sealed longer ago than ``older_than``. A
+    live or sealed shard not yet ingested is never touched.
 
     Writers may keep logging meanwhile. In SQLite they wait on its lock
     while the deletion and the VACUUM run (up to the busy timeout), and the
@@ -48,7 +55,34 @@ def prune(buffer: str | os.PathLike[str], *, older_than: float, vacuum: bool = T
     """
     if older_than < 0:
         raise ConfigError(f"older_than must not be negative, not {older_than!r}")
-    storage = Storage(buffer, create=False)
+    if shards.is_directory(buffer):
+        return _prune_directory(shards.Layout(buffer), older_than, vacuum)
+    return _prune_storage(Storage(buffer, create=False), older_than, vacuum)
+
+
+def _prune_directory(layout: shards.Layout, older_than: float, vacuum: bool) -> PruneResult:
+    """The hub's synced records, then the ingested shards: the hub holds their records."""
+    if not layout.root.is_dir():
+        raise BufferNotFoundError(f"no buffer at {layout.root}")
+    before = _tree_size(layout.root)
+    deleted = 0
+    if layout.hub.exists():
+        deleted = _prune_storage(ingest.open_hub(layout, create=False), older_than, vacuum).deleted
+    cutoff = time.time() - older_than
+    removed = 0
+    for shard in layout.shards("ingested"):
+        # A sealed shard is last written when sealed: its records are older.
+        if shard.path.stat().st_mtime < cutoff:
+            shard.path.unlink()
+            removed += 1
+    return PruneResult(deleted, before, _tree_size(layout.root), removed)
+
+
+def _tree_size(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+def _prune_storage(storage: Storage, older_than: float, vacuum: bool) -> PruneResult:
     try:
         before = storage.size()
         cutoff = time.time() - older_than

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import sqlalchemy as sa
 
+from . import ingest, shards
+from .errors import BufferNotFoundError
 from .storage import Storage, records, runs, syncs, writers
 
 
@@ -45,9 +47,22 @@ class RunStatus:
 
 
 @dataclass
+class ShardStatus:
+    """A shard of a directory buffer that the hub has not taken in whole."""
+
+    shard: str  # HOST.GEN
+    host: str
+    state: str  # "live" or "sealed"
+    created_at: float
+    not_in_hub: int | None  # records the next sync copies into the hub; None: another host's live shard
+
+
+@dataclass
 class BufferStatus:
     buffer: str
     runs: list[RunStatus]
+    # Of a directory buffer: its shards not yet ingested. Runs are the hub's.
+    shards: list[ShardStatus] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, object]:
         """Plain data for JSON: per run and writer at least ``records`` and ``pending``."""
@@ -55,13 +70,38 @@ class BufferStatus:
 
 
 def status(buffer: str | os.PathLike[str]) -> BufferStatus:
-    """Read a buffer's status in one snapshot. Never creates a buffer (BufferNotFoundError)."""
+    """Read a buffer's status in one snapshot. Never creates a buffer (BufferNotFoundError).
+
+    Of a directory buffer: the hub's runs, and the shards whose records are
+    not all in the hub yet (the next sync on a host that can read them
+    copies them in).
+    """
+    if shards.is_directory(buffer):
+        return _directory_status(shards.Layout(buffer))
     storage = Storage(buffer, create=False)
     try:
         with storage.begin_read() as conn:
             return BufferStatus(storage.location, read_runs(conn))
     finally:
         storage.dispose()
+
+
+def _directory_status(layout: shards.Layout) -> BufferStatus:
+    if not layout.root.is_dir():
+        raise BufferNotFoundError(f"no buffer at {layout.root}")
+    run_status: list[RunStatus] = []
+    if layout.hub.exists():
+        hub = ingest.open_hub(layout, create=False)
+        try:
+            with hub.begin_read() as conn:
+                run_status = read_runs(conn)
+        finally:
+            hub.dispose()
+    backlog = [
+        ShardStatus(shard.id, shard.host, shard.state, shard.gen / 1e9, count)
+        for shard, count in ingest.backlog(layout, shards.host_name())
+    ]
+    return BufferStatus(str(layout.root), run_status, backlog)
 
 
 def read_runs(conn: sa.Connection) -> list[RunStatus]:

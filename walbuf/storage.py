@@ -34,7 +34,7 @@ from .record import Record, decode
 
 # Every revision in migrations/versions, oldest first. The newest is the schema
 # this code reads and writes; tests check this list against Alembic's own.
-KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002", "0003")
+KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004")
 HEAD_REVISION = KNOWN_REVISIONS[-1]
 
 DEFAULT_BUSY_TIMEOUT = 60.0  # seconds; a writer waits this long for the write lock
@@ -126,6 +126,18 @@ metric_keys = sa.Table(
 )
 
 
+# In the hub of a directory buffer (walbuf.shards): for each shard, run and
+# writer, the shard's id of the last record copied into the hub.
+shard_cursors = sa.Table(
+    "shard_cursors",
+    metadata,
+    sa.Column("shard", sa.Text, primary_key=True),
+    sa.Column("run", sa.Text, primary_key=True),
+    sa.Column("writer", sa.Text, primary_key=True),
+    sa.Column("last_id", sa.BigInteger, nullable=False),
+)
+
+
 def resolve_url(buffer: str | os.PathLike[str]) -> sa.URL:
     """Turn a path or SQLAlchemy URL into an absolute SQLite or PostgreSQL URL, or raise ConfigError."""
     return backend_for(buffer).url
@@ -145,12 +157,17 @@ class Storage:
         durability: str = "normal",
         create: bool = True,
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+        locks: Path | None = None,
+        journal: str = "wal",
     ) -> None:
+        """``locks`` and ``journal``: see SQLiteBackend (used by directory buffers)."""
         if durability not in DURABILITY_LEVELS:
             raise ConfigError(
                 f"durability must be one of {sorted(DURABILITY_LEVELS)}, not {durability!r}"
             )
         self.backend: Backend = backend_for(buffer)
+        if isinstance(self.backend, SQLiteBackend) and (locks is not None or journal != "wal"):
+            self.backend = SQLiteBackend(self.backend.url, locks=locks, journal=journal)
         self.url = self.backend.url
         self.location = self.backend.location
         # The file of a SQLite buffer; None in PostgreSQL.
@@ -419,8 +436,18 @@ def read(
 
     Reads one consistent snapshot: records committed after the first one is
     yielded are not included. Never creates a buffer: a missing one raises
-    BufferNotFoundError.
+    BufferNotFoundError. Of a directory buffer: the records of its hub, then
+    those of each shard this host can read (every sealed one, its own live
+    ones) that the hub lacks; another host's live shard is not read.
     """
+    from . import ingest, shards
+
+    if shards.is_directory(buffer):
+        layout = shards.Layout(buffer)
+        if not layout.root.is_dir():
+            raise BufferNotFoundError(f"no buffer at {layout.root}")
+        yield from ingest.read_directory(layout, shards.host_name(), run, writer)
+        return
     storage = Storage(buffer, create=False)
     try:
         yield from storage.read(run=run, writer=writer)

@@ -36,7 +36,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import sqlalchemy as sa
-from .errors import ConfigError, SyncLockedError, UploadError
+from . import ingest, shards
+from .errors import BufferNotFoundError, ConfigError, SyncLockedError, UploadError
 from .record import decode
 from .storage import (
     Storage,
@@ -126,6 +127,11 @@ def sync(
     Raises UploadError when W&B cannot be reached or fails: that run's
     records stay pending (runs synced before it in this call stay synced).
 
+    A directory buffer (see walbuf.shards) is first brought into its hub:
+    this host's live shards that nobody uses are sealed, and the records of
+    every sealed shard and of this host's live ones are copied in; then the
+    hub is synced. ``dry_run`` counts only what the hub already holds.
+
     wandb reads its own settings (WANDB_BASE_URL, credentials) once per
     process: syncs in one process all talk to the server the first one did.
     """
@@ -134,12 +140,22 @@ def sync(
     for name, value in (("max_records", max_records), ("max_seconds", max_seconds)):
         if value is not None and value <= 0:
             raise ConfigError(f"{name} must be positive, not {value!r}")
-    storage = Storage(buffer, create=False)
+    layout = shards.Layout(buffer) if shards.is_directory(buffer) else None
+    if layout is not None:
+        if not layout.root.is_dir():
+            raise BufferNotFoundError(f"no buffer at {layout.root}")
+        storage = ingest.open_hub(layout)
+    else:
+        storage = Storage(buffer, create=False)
     try:
         lock = storage.lock("sync")
         if not lock.acquire(timeout=wait):
             raise SyncLockedError(_locked_message(storage, wait))
         try:
+            if layout is not None and not dry_run:
+                host = shards.host_name()
+                shards.seal_idle(layout, host)
+                ingest.ingest(layout, storage, host)
             syncer = _Syncer(storage, mode, directory, max_records, max_seconds, progress)
             chosen = syncer.runs_to_sync(run, run_id)
             result = SyncResult(runs=[], dry_run=dry_run)

@@ -27,6 +27,7 @@ import socket
 import threading
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -40,6 +41,7 @@ from .errors import (
 )
 from .record import encode, flatten
 from .backends import DURABILITY_LEVELS, Appender, Lock
+from . import shards
 from .storage import Storage, Target, resolve_url, writers
 
 ENV_BUFFER = "WALBUF_BUFFER"
@@ -116,7 +118,9 @@ class Writer:
             )
         if buffer is None:
             buffer = os.environ.get(ENV_BUFFER, "")
-        self._url = resolve_url(buffer)
+        # A directory buffer: this host's shard in it (see walbuf.shards).
+        self._directory = Path(buffer).expanduser().absolute() if shards.is_directory(buffer) else None
+        self._url = None if self._directory else resolve_url(buffer)
         self._run = _setting("run", run, ENV_RUN, DEFAULT_RUN)
         self._writer_arg = writer
         self._step_axis_arg = step_axis
@@ -139,6 +143,7 @@ class Writer:
         self._storage: Storage | None = None
         self._appender: Appender | None = None
         self._owner: Lock | None = None
+        self._lease: shards.Lease | None = None
         self._orphans: list[object] = []
 
     def _open(self) -> None:
@@ -151,8 +156,9 @@ class Writer:
         step_axis = _setting("step_axis", self._step_axis_arg, ENV_STEP_AXIS, DEFAULT_STEP_AXIS)
         if "*" in step_axis:
             raise ConfigError(f"step_axis {step_axis!r} contains '*', which W&B reads as a wildcard")
-        storage = Storage(self._url, durability=self._durability)
+        lease = storage = None
         try:
+            storage, lease = self._open_storage()
             appender = storage.appender()
             try:
                 owner = self._own(storage, appender, writer)
@@ -167,13 +173,47 @@ class Writer:
                 appender.close()
                 raise
         except BaseException:
-            storage.dispose()
+            if storage is not None:
+                storage.dispose()
+            if lease is not None:
+                lease.release()
             raise
-        self._storage, self._owner, self._appender = storage, owner, appender
+        if last_step is None and lease is not None:
+            last_step = shards.last_step(lease.layout, lease.host, self._run, writer, before=lease.gen)
+        self._storage, self._owner, self._appender, self._lease = storage, owner, appender, lease
         self._writer, self._step_axis, self._writer_pk = writer, step_axis, writer_pk
         self._last_step = last_step
         self._pid = os.getpid()
         atexit.register(self.close)
+
+    def _open_storage(self, host: str | None = None) -> tuple[Storage, shards.Lease | None]:
+        if self._directory is None:
+            return Storage(self._url, durability=self._durability), None  # type: ignore[arg-type]
+        layout = shards.Layout(self._directory)
+        lease = shards.Lease(layout, host or shards.host_name())
+        try:
+            return Storage(lease.path, durability=self._durability, locks=layout.locks), lease
+        except BaseException:
+            lease.release()
+            raise
+
+    def _rotate(self) -> None:
+        """Move to the host's next live shard, so that the one expired can be sealed."""
+        old_storage, old_appender, old_lease = self._storage, self._appender, self._lease
+        storage, lease = self._open_storage(old_lease.host)  # type: ignore[union-attr]
+        try:
+            appender = storage.appender()
+            writer_pk, _ = storage.register_writer(
+                self._run, self._writer, self._step_axis, socket.gethostname(), os.getpid(), self._target
+            )
+        except BaseException:
+            storage.dispose()
+            lease.release()  # type: ignore[union-attr]
+            raise
+        self._storage, self._appender, self._lease, self._writer_pk = storage, appender, lease, writer_pk
+        old_appender.close()  # type: ignore[union-attr]
+        old_storage.dispose()  # type: ignore[union-attr]
+        old_lease.release()  # type: ignore[union-attr]
 
     def _own(self, storage: Storage, appender: Appender, writer: str) -> Lock:
         digest = hashlib.sha256(f"{self._run}\0{writer}".encode()).hexdigest()[:24]
@@ -197,8 +237,8 @@ class Writer:
         """After fork or unpickling: leave the parent's handles alone and open anew."""
         if self._pid == os.getpid():
             return
-        storage, appender = self._storage, self._appender
-        inherited = [storage, appender, self._owner, *self._orphans]
+        storage, appender, lease = self._storage, self._appender, self._lease
+        inherited = [storage, appender, self._owner, lease, *self._orphans]
         closed = self._closed
         self._init_process_state()
         # Kept referenced, never closed: closing them here could release the
@@ -208,6 +248,8 @@ class Writer:
             appender.abandon()
         if storage is not None:
             storage.abandon()
+        if lease is not None:
+            lease.abandon()  # the shared flock is the parent's too
         self._closed = closed
         if closed:
             raise WriterClosedError(f"writer {self._writer!r} is closed")
@@ -233,8 +275,8 @@ class Writer:
 
     @property
     def buffer(self) -> str:
-        """The buffer's SQLAlchemy URL."""
-        return self._url.render_as_string()
+        """The buffer's SQLAlchemy URL, or the path of a directory buffer."""
+        return str(self._directory) if self._directory else self._url.render_as_string()  # type: ignore[union-attr]
 
     @property
     def last_step(self) -> int | None:
@@ -265,7 +307,10 @@ class Writer:
                 step = 0 if last is None else last + 1
             else:
                 step = self._check_step(step, last)
-            self._appender.append((self._writer_pk, step, time.time(), payload))  # type: ignore[union-attr]
+            now = time.time()
+            if self._lease is not None and now >= self._lease.expires:
+                self._rotate()
+            self._appender.append((self._writer_pk, step, now, payload))  # type: ignore[union-attr]
             self._last_step = step
             return step
 
@@ -321,6 +366,8 @@ class Writer:
                 self._storage.dispose()
             if self._owner is not None:
                 self._owner.release()
+            if self._lease is not None:
+                self._lease.release()  # and seals the shard if this was its last user
 
     @property
     def closed(self) -> bool:
@@ -334,7 +381,8 @@ class Writer:
 
     def __getstate__(self) -> dict[str, Any]:
         return {
-            "url": self._url.render_as_string(hide_password=False),
+            "url": self._url.render_as_string(hide_password=False) if self._url else None,
+            "directory": self._directory,
             "run": self._run,
             "writer": self._writer_arg,
             "step_axis": self._step_axis_arg,
@@ -344,7 +392,8 @@ class Writer:
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self._url = sa.make_url(state["url"])
+        self._url = sa.make_url(state["url"]) if state["url"] else None
+        self._directory = state["directory"]
         self._run = state["run"]
         self._writer_arg = state["writer"]
         self._step_axis_arg = state["step_axis"]
@@ -378,7 +427,9 @@ def init(
     """Open a Writer and make it this process's default for :func:`walbuf.log`.
 
     ``buffer`` is a file path or a sqlite:/// URL (default: $WALBUF_BUFFER);
-    the file and its directory are created if missing. ``writer`` is this
+    the file and its directory are created if missing. A directory (existing,
+    or a path ending in '/') is a directory buffer for writers on many hosts
+    (walbuf.shards), and a postgresql+psycopg:// URL a PostgreSQL buffer. ``writer`` is this
     stream's id (default: $WALBUF_WRITER, else rank-$RANK, else host-pid),
     ``step_axis`` the name its steps are logged under (default:
     $WALBUF_STEP_AXIS, else "step"; in W&B it becomes "<writer>/<step_axis>"),

@@ -1,0 +1,249 @@
+"""Directory buffers: each host writes only its own shards, and sealed shards reach W&B from any host.
+
+Hosts are faked with WALBUF_HOST, which names the shard a process writes.
+Syncs run as `walbuf sync` processes against the W&B fake; every assertion
+about uploads is on what the fake received.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+import walbuf
+from test_sync import rows_of, run_sync
+from walbuf import shards
+from walbuf.doctor import doctor
+from walbuf.prune import prune
+from wandb_server import FakeWandb
+
+TESTS = Path(__file__).parent
+
+
+@pytest.fixture
+def server():
+    with FakeWandb() as fake:
+        yield fake
+
+
+@pytest.fixture
+def directory(tmp_path):
+    """A directory buffer that does not exist yet (the trailing '/' says it is one)."""
+    return str(tmp_path / "buf") + "/"
+
+
+@contextmanager
+def on_host(name):
+    """Writers opened inside pick this host's shard."""
+    old = os.environ.get(shards.ENV_HOST)
+    os.environ[shards.ENV_HOST] = name
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[shards.ENV_HOST]
+        else:
+            os.environ[shards.ENV_HOST] = old
+
+
+def log_on(host, directory, writer, n, start=0):
+    with on_host(host), walbuf.Writer(directory, writer=writer, run="exp") as w:
+        for i in range(start, start + n):
+            w.log({"i": i})
+
+
+def files(directory, part):
+    return sorted(p.name for p in (Path(directory) / part).rglob("*.db"))
+
+
+def sync_on(server, host, directory, *args):
+    return run_sync(server, directory, *args, env={shards.ENV_HOST: host})
+
+
+def status_on(host, directory):
+    proc = subprocess.run(
+        [sys.executable, "-m", "walbuf", "status", directory, "--json"],
+        capture_output=True, text=True, env={**os.environ, shards.ENV_HOST: host},
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def the_run(server):
+    (fake_run,) = server.runs.values()
+    return fake_run
+
+
+def steps_of(fake_run, writer):
+    return [metrics["i"] for _, metrics in rows_of(fake_run, writer)]
+
+
+def test_each_host_writes_a_live_shard_of_its_own(directory):
+    with on_host("a"), walbuf.Writer(directory, writer="ra"), on_host("b"), walbuf.Writer(directory, writer="rb"):
+        assert [p.parent.name for p in sorted((Path(directory) / "live").rglob("*.db"))] == ["a", "b"]
+        assert files(directory, "sealed") == []
+
+
+def test_the_last_writer_to_close_seals_the_shard(directory):
+    log_on("a", directory, "ra", 3)
+    (sealed,) = (Path(directory) / "sealed").glob("a.*.db")
+    assert files(directory, "live") == []
+    assert not Path(f"{sealed}-wal").exists() and not Path(f"{sealed}-shm").exists()
+    conn = sqlite3.connect(f"file:{sealed}?mode=ro&immutable=1", uri=True)
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    assert conn.execute("SELECT count(*) FROM records").fetchone()[0] == 3
+    conn.close()
+
+
+def test_a_shard_another_writer_uses_is_not_sealed(directory):
+    with on_host("a"):
+        keeper = walbuf.Writer(directory, writer="keeper")
+        log_on("a", directory, "brief", 1)
+        assert len(files(directory, "live")) == 1 and files(directory, "sealed") == []
+        keeper.close()
+    assert len(files(directory, "sealed")) == 1
+
+
+def test_writers_move_to_a_new_shard_when_theirs_expires(directory, monkeypatch):
+    monkeypatch.setenv(shards.ENV_ROTATE, "1e-9")  # every log() finds its shard expired
+    log_on("a", directory, "ra", 3)
+    sealed = sorted((Path(directory) / "sealed").glob("a.*.db"))
+    assert len(sealed) >= 3
+    steps = []
+    for path in sealed:
+        conn = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+        steps += [row[0] for row in conn.execute("SELECT step FROM records ORDER BY id")]
+        conn.close()
+    assert steps == [0, 1, 2]
+
+
+def test_a_writer_reopened_in_a_new_shard_continues_its_steps(directory):
+    log_on("a", directory, "ra", 3)
+    with on_host("a"), walbuf.Writer(directory, writer="ra", run="exp") as w:
+        assert w.last_step == 2 and w.log({"i": 3}) == 3
+
+
+def test_a_writer_id_is_owned_across_hosts(directory):
+    with on_host("a"), walbuf.Writer(directory, writer="rank-0", run="exp"):
+        with on_host("b"), pytest.raises(walbuf.WriterConflictError):
+            walbuf.Writer(directory, writer="rank-0", run="exp")
+
+
+def test_read_sees_sealed_shards_and_this_hosts_live_one(directory):
+    log_on("a", directory, "ra", 2)
+    with on_host("b"), walbuf.Writer(directory, writer="rb", run="exp") as rb:
+        rb.log({"i": 10})
+        with on_host("b"):
+            assert [(r.writer, r.step) for r in walbuf.read(directory)] == [("ra", 0), ("ra", 1), ("rb", 0)]
+        with on_host("c"):  # b's live shard is not c's to read
+            assert [(r.writer, r.step) for r in walbuf.read(directory)] == [("ra", 0), ("ra", 1)]
+
+
+def test_a_sync_on_another_host_sends_sealed_shards_and_never_opens_live_ones(server, directory):
+    log_on("a", directory, "ra", 3)
+    with on_host("b"), walbuf.Writer(directory, writer="rb", run="exp") as rb:
+        rb.log({"i": 100})
+        # Another host's live shard that is not even a database: opening it would fail the sync.
+        planted = Path(directory) / "live" / "c" / f"{1:020d}.db"
+        planted.parent.mkdir(parents=True)
+        planted.write_bytes(b"not a database, and not ours to open" * 100)
+        proc = sync_on(server, "s", directory)
+        assert proc.returncode == 0, proc.stderr
+        assert steps_of(the_run(server), "ra") == [0, 1, 2]
+        assert steps_of(the_run(server), "rb") == []
+        waiting = {s["host"]: s["not_in_hub"] for s in status_on("s", directory)["shards"]}
+        assert waiting == {"b": None, "c": None}
+    assert sync_on(server, "s", directory).returncode == 0  # b's shard is sealed now
+    assert steps_of(the_run(server), "ra") == [0, 1, 2]
+    assert steps_of(the_run(server), "rb") == [100]
+    assert planted.read_bytes().startswith(b"not a database")
+
+
+def test_a_sync_on_the_writers_host_sends_its_live_shard_each_record_once(server, directory):
+    with on_host("a"), walbuf.Writer(directory, writer="ra", run="exp") as w:
+        for i in range(3):
+            w.log({"i": i})
+        assert sync_on(server, "a", directory).returncode == 0
+        for i in range(3, 5):
+            w.log({"i": i})
+        assert sync_on(server, "a", directory).returncode == 0
+    assert sync_on(server, "a", directory).returncode == 0
+    assert steps_of(the_run(server), "ra") == [0, 1, 2, 3, 4]
+
+
+def test_writer_processes_on_several_hosts_all_arrive_once_in_order(server, directory):
+    code = (
+        "import sys, walbuf\n"
+        "w = walbuf.Writer(sys.argv[1], writer=sys.argv[2], run='exp')\n"
+        "for i in range(40): w.log({'i': i})\n"
+    )  # no close(): atexit closes the writer, and that seals the shard
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, directory, f"rank-{n}"], env={**os.environ, shards.ENV_HOST: f"node{n}"}
+        )
+        for n in range(3)
+    ]
+    assert [p.wait(timeout=60) for p in procs] == [0, 0, 0]
+    assert len(files(directory, "sealed")) == 3
+    proc = sync_on(server, "login", directory)
+    assert proc.returncode == 0, proc.stderr
+    for n in range(3):
+        assert steps_of(the_run(server), f"rank-{n}") == list(range(40))
+    assert len(the_run(server).history) == 120
+    assert files(directory, "sealed") == [] and len(files(directory, "ingested")) == 3
+
+
+def test_a_killed_writers_shard_is_sealed_and_sent_by_a_sync_on_its_host(server, directory):
+    victim = subprocess.Popen(
+        [sys.executable, str(TESTS / "writer_loop.py"), directory],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, shards.ENV_HOST: "k"},
+    )
+    assert victim.stdout.readline().strip() == "ready"
+    acknowledged = [int(victim.stdout.readline()) for _ in range(25)]
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    assert sync_on(server, "s", directory).returncode == 0  # another host cannot read it
+    assert not server.runs or not rows_of(the_run(server), "victim")
+    assert sync_on(server, "k", directory).returncode == 0
+    sent = [step for step, _ in rows_of(the_run(server), "victim")]
+    assert sent[: len(acknowledged)] == acknowledged  # every acknowledged record, in order
+    assert len(sent) == len(set(sent))  # each once
+
+
+def test_doctor_says_a_dead_writers_shard_needs_a_sync_on_its_host(directory):
+    victim = subprocess.Popen(
+        [sys.executable, str(TESTS / "writer_loop.py"), directory],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, shards.ENV_HOST: "k"},
+    )
+    assert victim.stdout.readline().strip() == "ready"
+    victim.stdout.readline()
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    with on_host("k"):
+        report = doctor(directory)
+    (finding,) = [f for f in report.findings if not f.ok]
+    assert finding.check.startswith("shard k.") and "run walbuf sync on this host" in finding.advice
+    with on_host("s"):
+        assert doctor(directory).healthy  # from elsewhere: a young live shard of another host
+
+
+def test_prune_removes_ingested_shards_and_never_one_not_yet_ingested(server, directory):
+    log_on("a", directory, "ra", 3)
+    assert sync_on(server, "s", directory).returncode == 0
+    log_on("b", directory, "rb", 2)  # sealed after the sync: not in the hub yet
+    with on_host("c"), walbuf.Writer(directory, writer="rc", run="exp") as rc:
+        rc.log({"i": 0})
+        result = prune(directory, older_than=0)
+        assert result.shards_removed == 1
+        assert files(directory, "ingested") == []
+        assert len(files(directory, "sealed")) == 1 and len(files(directory, "live")) == 1
+    assert sync_on(server, "s", directory).returncode == 0
+    assert steps_of(the_run(server), "rb") == [0, 1]
