@@ -54,6 +54,15 @@ def wandb_session_server():
         yield fake
 
 
+@pytest.fixture
+def server():
+    """A fake W&B server of this test's own, for syncs run in other processes."""
+    from wandb_server import FakeWandb
+
+    with FakeWandb() as fake:
+        yield fake
+
+
 @contextmanager
 def fresh_buffer(backend: str):
     """A buffer that does not exist yet, removed afterwards: a SQLite path, or a PostgreSQL URL with a new schema."""

@@ -23,15 +23,8 @@ from test_sync import rows_of, run_sync
 from walbuf import shards
 from walbuf.doctor import doctor
 from walbuf.prune import prune
-from wandb_server import FakeWandb
 
 TESTS = Path(__file__).parent
-
-
-@pytest.fixture
-def server():
-    with FakeWandb() as fake:
-        yield fake
 
 
 @pytest.fixture

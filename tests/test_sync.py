@@ -18,17 +18,10 @@ from pathlib import Path
 import pytest
 
 import walbuf
-from wandb_server import FakeWandb
 
 pytestmark = pytest.mark.backends("sqlite", "postgresql")
 
 TESTS = Path(__file__).parent
-
-
-@pytest.fixture
-def server():
-    with FakeWandb() as fake:
-        yield fake
 
 
 @pytest.fixture
