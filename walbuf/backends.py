@@ -18,11 +18,13 @@ commit, and those that start later draw larger ids.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import sqlite3
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import quote
 
 import sqlalchemy as sa
 from filelock import FileLock, Timeout
@@ -32,6 +34,7 @@ from .errors import (
     BufferCorruptError,
     BufferFullError,
     BufferNotFoundError,
+    BufferNotWritableError,
     BufferUnavailableError,
     ConfigError,
     StorageError,
@@ -175,7 +178,7 @@ class SQLiteBackend(Backend):
     def prepare(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
-    def engine(self, durability: str, busy_timeout: float) -> sa.Engine:
+    def engine(self, durability: str, busy_timeout: float, *, immutable: bool = False) -> sa.Engine:
         synchronous = {"normal": "NORMAL", "fsync": "FULL"}[durability]
         busy_ms = int(busy_timeout * 1000)
 
@@ -185,6 +188,8 @@ class SQLiteBackend(Backend):
             cursor = dbapi_connection.cursor()
             try:
                 cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
+                if immutable:
+                    return  # read-only: no journal mode to set, nothing to sync
                 mode = cursor.execute("PRAGMA journal_mode").fetchone()[0]
                 if mode.lower() != self.journal:
                     # Only a new buffer gets here. Switching to WAL can fail with
@@ -210,20 +215,54 @@ class SQLiteBackend(Backend):
             write = conn.get_execution_options().get("walbuf_write")
             conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
-        engine = sa.create_engine(
-            self.url, connect_args={"check_same_thread": False}, poolclass=sa.pool.NullPool
-        )
+        url = self.url
+        if immutable:
+            url = sa.URL.create(
+                "sqlite",
+                database=f"file:{quote(str(self.path))}",
+                query={"mode": "ro", "immutable": "1", "uri": "true"},
+            )
+        engine = sa.create_engine(url, connect_args={"check_same_thread": False}, poolclass=sa.pool.NullPool)
         sa.event.listen(engine, "connect", on_connect)
         sa.event.listen(engine, "begin", on_begin)
         return engine
 
+    def readable_immutable(self) -> bool:
+        """Whether the file alone holds the whole buffer: no -wal, so no writer has it open.
+
+        A process that may not write the buffer's directory cannot create the
+        -shm file SQLite needs to read a WAL database; such a buffer it can
+        still read as an immutable file.
+        """
+        return not Path(f"{self.path}-wal").exists()
+
+    def file_state(self) -> tuple[int, int, int]:
+        """What changes when a checkpoint writes the file (see Storage.begin_read)."""
+        st = self.path.stat()
+        return st.st_ino, st.st_size, st.st_mtime_ns
+
+    def not_writable(self, detail: str) -> BufferNotWritableError:
+        return BufferNotWritableError(
+            f"{self.path} is not writable by this process ({detail}): logging, sync and prune"
+            f" need write access to the file, its -wal and -shm, its directory and"
+            f" {self.locks}/; use a buffer of your own, or ask its owner for write access"
+        )
+
     def lock_path(self, name: str) -> Path:
         """The lock file ``name`` of this buffer (its directory is made if missing)."""
-        self.locks.mkdir(parents=True, exist_ok=True)
+        try:
+            self.locks.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise self._os_error(exc) from exc
         return self.locks / name
 
     def lock(self, name: str) -> Lock:
-        return _FileLock(FileLock(self.lock_path(f"{name}.lock"), thread_local=False))
+        return _FileLock(FileLock(self.lock_path(f"{name}.lock"), thread_local=False), self)
+
+    def _os_error(self, exc: OSError) -> Exception:
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return self.not_writable(f"{exc.filename}: {exc.strerror}")
+        return exc
 
     def appender(self, engine: sa.Engine) -> Appender:
         return _SQLiteAppender(self, engine)
@@ -250,6 +289,16 @@ class SQLiteBackend(Backend):
                 f"{path}: the database stayed locked past the busy timeout ({message});"
                 f" another process holds a long write transaction: find it with `fuser {path}`"
             )
+        if isinstance(exc, sqlite3.OperationalError) and "readonly" in message:
+            if getattr(exc, "sqlite_errorname", "") == "SQLITE_READONLY_DIRECTORY":
+                return self.not_writable(
+                    f"{message}: SQLite cannot create {path.name}-shm in {path.parent},"
+                    " which it needs to open a WAL database"
+                )
+            return self.not_writable(message)
+        if isinstance(exc, sqlite3.OperationalError) and "unable to open" in message and self.path.exists():
+            if not os.access(self.path.parent, os.W_OK):  # a -wal without its -shm, say
+                return self.not_writable(f"{message}: SQLite cannot create its files in {path.parent}")
         if isinstance(exc, sqlite3.OperationalError) and "full" in message:
             return BufferFullError(
                 f"{path}: the disk is full ({message}); the record was not written and every"
@@ -263,14 +312,17 @@ class SQLiteBackend(Backend):
 
 
 class _FileLock:
-    def __init__(self, lock: FileLock) -> None:
+    def __init__(self, lock: FileLock, backend: SQLiteBackend) -> None:
         self._lock = lock
+        self._backend = backend
 
     def acquire(self, timeout: float) -> bool:
         try:
             self._lock.acquire(timeout=timeout)
         except Timeout:
             return False
+        except OSError as exc:  # a lock file this process may not open for writing
+            raise self._backend._os_error(exc) from exc
         return True
 
     def release(self) -> None:

@@ -16,6 +16,7 @@ from . import __version__
 from .errors import (
     BufferCorruptError,
     BufferNotFoundError,
+    BufferNotWritableError,
     BufferUnavailableError,
     ConfigError,
     SchemaTooNewError,
@@ -38,6 +39,7 @@ EXIT_LOCKED = 11  # another syncer holds the buffer (EAGAIN: try again later)
 EXIT_DATAERR = 65  # buffer corrupt, or written by a newer walbuf
 EXIT_NOINPUT = 66  # buffer does not exist
 EXIT_UNAVAILABLE = 69  # the buffer's PostgreSQL server cannot be reached
+EXIT_NOPERM = 77  # this process may not write the buffer
 EXIT_TEMPFAIL = 75  # W&B unreachable or failed: nothing advanced, the next sync retries
 EXIT_CONFIG = 78  # unusable setting, or one that conflicts with the buffer
 
@@ -46,6 +48,7 @@ EXIT_CODES: list[tuple[type[WalbufError], int]] = [
     (UploadError, EXIT_TEMPFAIL),
     (BufferNotFoundError, EXIT_NOINPUT),
     (BufferUnavailableError, EXIT_UNAVAILABLE),
+    (BufferNotWritableError, EXIT_NOPERM),
     (BufferCorruptError, EXIT_DATAERR),
     (SchemaTooNewError, EXIT_DATAERR),
     (ConfigError, EXIT_CONFIG),
@@ -63,6 +66,7 @@ Exit codes:
   66  buffer does not exist
   69  the buffer's PostgreSQL server cannot be reached; retry later
   75  W&B unreachable or failed: nothing was marked synced; retry later
+  77  this process may not write the buffer (reading works)
   78  unusable setting, missing or refused W&B credentials,
       or a setting that conflicts with what the buffer holds
 """

@@ -37,6 +37,10 @@ class BufferUnavailableError(StorageError):
     """The database server of a PostgreSQL buffer cannot be reached. Nothing was written."""
 
 
+class BufferNotWritableError(StorageError):
+    """This process may not write the buffer (its file, directory or lock files). Nothing was written."""
+
+
 class ConfigError(WalbufError, ValueError):
     """A missing or unusable setting: no buffer given, a bad URL, an empty writer id, ..."""
 
@@ -89,6 +93,7 @@ __all__ = [
     "StorageError",
     "BufferNotFoundError",
     "BufferUnavailableError",
+    "BufferNotWritableError",
     "ConfigError",
     "BufferCorruptError",
     "SchemaTooNewError",

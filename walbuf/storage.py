@@ -25,6 +25,7 @@ from .backends import DURABILITY_LEVELS, Appender, Backend, Lock, SQLiteBackend,
 from .errors import (
     BufferBusyError,
     BufferNotFoundError,
+    BufferNotWritableError,
     ConfigError,
     SchemaTooNewError,
     TargetConflictError,
@@ -177,10 +178,28 @@ class Storage:
                 raise BufferNotFoundError(f"no buffer at {self.location}")
             self.backend.prepare()
         self.durability = durability
+        # Set when the buffer is read as an immutable file: its state then.
+        self._immutable_state: tuple[int, int, int] | None = None
         self.engine = self.backend.engine(durability, busy_timeout)
         try:
             with self.translate_errors():
                 ensure_schema(self, create)
+        except BufferNotWritableError:
+            self.engine.dispose()
+            # A reader that may not write the buffer's directory: SQLite cannot
+            # make the -shm it needs. With no -wal, every record is in the
+            # file: read it as immutable (see begin_read for a writer that
+            # starts meanwhile).
+            if create or not isinstance(self.backend, SQLiteBackend) or not self.backend.readable_immutable():
+                raise
+            self._immutable_state = self.backend.file_state()
+            self.engine = self.backend.engine(durability, busy_timeout, immutable=True)
+            try:
+                with self.translate_errors():
+                    ensure_schema(self, create)
+            except BaseException:
+                self.engine.dispose()
+                raise
         except BaseException:
             self.engine.dispose()
             raise
@@ -220,6 +239,12 @@ class Storage:
                     conn = conn.execution_options(isolation_level="REPEATABLE READ")
                 with conn.begin():
                     yield conn
+        if self._immutable_state is not None and self.backend.file_state() != self._immutable_state:  # type: ignore[attr-defined]
+            # An immutable read takes no lock: a writer that opened the buffer
+            # meanwhile and checkpointed into the file may have torn what was read.
+            raise BufferBusyError(
+                f"{self.location} changed while it was read (a writer opened it); read it again"
+            )
 
     def appender(self) -> Appender:
         """A dedicated connection for one writer's hot path."""
