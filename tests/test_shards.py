@@ -240,3 +240,31 @@ def test_prune_removes_ingested_shards_and_never_one_not_yet_ingested(server, di
         assert len(files(directory, "sealed")) == 1 and len(files(directory, "live")) == 1
     assert sync_on(server, "s", directory).returncode == 0
     assert steps_of(the_run(server), "rb") == [0, 1]
+
+
+def test_an_ingest_cut_off_midway_copies_nothing_twice(directory, monkeypatch):
+    from walbuf import ingest
+
+    log_on("a", directory, "ra", 5)
+    log_on("b", directory, "rb", 5)
+    layout = shards.Layout(directory)
+    hub = ingest.open_hub(layout)
+    monkeypatch.setattr(ingest, "CHUNK", 2)
+    calls = []
+
+    def dies_on_the_third_chunk(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # the syncer dies while copying
+        return real(*args, **kwargs)
+
+    real = ingest._set_cursor
+    monkeypatch.setattr(ingest, "_set_cursor", dies_on_the_third_chunk)
+    with pytest.raises(KeyboardInterrupt):
+        ingest.ingest(layout, hub, "s")
+    monkeypatch.setattr(ingest, "_set_cursor", real)
+    ingest.ingest(layout, hub, "s")
+    got = [(r.writer, r.metrics["i"]) for r in hub.read()]
+    hub.dispose()
+    assert got == [("ra", i) for i in range(5)] + [("rb", i) for i in range(5)]
+    assert files(directory, "sealed") == []
