@@ -124,12 +124,13 @@ class Layout:
             hosts = [host] if host else [p.name for p in _dirs(self.root / "live")]
             for name in hosts:
                 for path in _files(self.live(name), ".db"):
-                    found.append(Shard(name, int(path.stem), path, "live"))
+                    if path.stem.isdigit():  # anything else there is not walbuf's
+                        found.append(Shard(name, int(path.stem), path, "live"))
         for kind, directory in (("sealed", self.sealed), ("ingested", self.ingested)):
             if state in (None, kind):
                 for path in _files(directory, ".db"):
-                    name, gen = path.stem.rsplit(".", 1)
-                    if host in (None, name):
+                    name, _, gen = path.stem.rpartition(".")
+                    if name and gen.isdigit() and host in (None, name):
                         found.append(Shard(name, int(gen), path, kind))
         return sorted(found, key=lambda s: (s.gen, s.host))
 

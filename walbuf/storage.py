@@ -465,7 +465,7 @@ def read(
     those of each shard this host can read (every sealed one, its own live
     ones) that the hub lacks; another host's live shard is not read.
     """
-    from . import ingest, shards
+    from . import ingest, shards  # here: both build on this module
 
     if shards.is_directory(buffer):
         layout = shards.Layout(buffer)
