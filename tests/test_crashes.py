@@ -682,3 +682,11 @@ def test_prune_of_a_buffer_the_user_may_only_read_exits_77_in_one_line(tmp_path,
         assert proc.returncode == 77, proc.stderr
         assert proc.stderr.count("\n") == 1 and "not writable" in proc.stderr
         assert snapshot(ro.path.parent) == before
+
+
+@pytest.mark.parametrize("state", sorted(READ_ONLY_STATES))
+def test_doctor_examines_a_buffer_the_user_may_only_read(tmp_path, state):
+    with read_only_buffer(tmp_path, state) as ro:
+        proc = run_as_reader("-m", "walbuf", "doctor", str(ro.path))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "integrity: ok" in proc.stdout

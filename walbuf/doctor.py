@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 from . import ingest, shards
 from .backends import Backend, SQLiteBackend, backend_for
-from .errors import BufferNotFoundError, SchemaTooNewError, StorageError
+from .errors import BufferNotFoundError, BufferNotWritableError, SchemaTooNewError, StorageError
 from .status import read_runs
 from .storage import HEAD_REVISION, KNOWN_REVISIONS, Storage, current_revision, syncs
 
@@ -140,7 +140,10 @@ def _file_findings(report: DoctorReport, path: Path, journal: str = "wal") -> tu
     """Integrity and journal mode of a SQLite file; (examined, schema revision)."""
     add = report.findings.append
     # Plain sqlite3, read-only: a damaged or too-new file must still be examined.
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    # Without a -wal the file holds everything: read it immutable, which needs
+    # no -shm (that a reader without write access could not create).
+    immutable = "" if Path(f"{path}-wal").exists() else "&immutable=1"
+    conn = sqlite3.connect(f"file:{path}?mode=ro{immutable}", uri=True)
     try:
         try:
             result = conn.execute("PRAGMA integrity_check").fetchall()
@@ -157,6 +160,10 @@ def _file_findings(report: DoctorReport, path: Path, journal: str = "wal") -> tu
             )
         )
         mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+        if immutable:
+            # An immutable connection reports no WAL; the file header says (bytes 18-19: 2 = WAL).
+            with open(path, "rb") as file:
+                mode = "wal" if file.read(20)[18:20] == b"\x02\x02" else mode
         add(
             Finding(
                 "journal mode",
@@ -192,10 +199,14 @@ def _server_findings(report: DoctorReport, backend: Backend) -> tuple[bool, str 
 
 def _sync_findings(report: DoctorReport, storage: Storage) -> None:
     add = report.findings.append
+    cut_off: list[sa.Row] | None | bool
     try:
         with storage.begin_read() as conn:
             run_status = read_runs(conn)
-        cut_off = _cut_off_syncs(storage)
+        try:
+            cut_off = _cut_off_syncs(storage)
+        except BufferNotWritableError:
+            cut_off = False  # a reader may not take the lock that tells a live sync from a dead one
     finally:
         storage.dispose()
     for run in run_status:
@@ -212,6 +223,9 @@ def _sync_findings(report: DoctorReport, storage: Storage) -> None:
             )
     if cut_off is None:
         add(Finding("sync lock", True, "held: a walbuf sync is running now"))
+        return
+    if cut_off is False:
+        add(Finding("sync lock", True, "not examined: this process may not write the buffer's lock files"))
         return
     for entry in cut_off:
         add(
