@@ -268,3 +268,18 @@ def test_an_ingest_cut_off_midway_copies_nothing_twice(directory, monkeypatch):
     hub.dispose()
     assert got == [("ra", i) for i in range(5)] + [("rb", i) for i in range(5)]
     assert files(directory, "sealed") == []
+
+
+def test_config_written_on_any_host_reaches_the_runs_config(server, directory):
+    with on_host("a"), walbuf.Writer(directory, writer="ra", run="exp") as w:
+        w.config({"lr": 0.1})
+        w.log({"i": 0})
+    with on_host("b"), walbuf.Writer(directory, writer="rb", run="exp") as w:
+        w.config({"batch": 32})
+    assert sync_on(server, "s", directory).returncode == 0
+    assert sync_on(server, "s", directory).returncode == 0  # copies nothing again
+    config = {k: v["value"] for k, v in the_run(server).config.items() if k != "_wandb"}
+    assert config == {"lr": 0.1, "batch": 32}
+    hub = sqlite3.connect(Path(directory) / "hub.db")
+    assert hub.execute("SELECT count(*) FROM config_entries").fetchone()[0] == 2
+    hub.close()

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import walbuf
+from conftest import run_sql
 
 pytestmark = pytest.mark.backends("sqlite", "postgresql")
 
@@ -417,3 +418,48 @@ def test_missing_credentials_exit_78_not_75_and_advance_nothing(server, buffer, 
     )
     assert proc.returncode == 78 and "wandb login" in proc.stderr
     assert pending(buffer) == {("exp1", "w"): 1}
+
+
+def config_of(fake_run):
+    """The run's config as the fake holds it: key -> value (wandb sends {"value": ...} per key)."""
+    return {k: v["value"] for k, v in fake_run.config.items() if k != "_wandb"}
+
+
+def test_writer_config_arrives_as_the_runs_config(server, buffer):
+    with walbuf.Writer(buffer, writer="rank-0", run="exp1") as w:
+        w.config({"lr": 0.1, "model": {"depth": 4, "act": "relu"}, "layers": [64, 64]})
+        w.log({"loss": 1.0})
+    assert run_sync(server, buffer).returncode == 0
+    assert config_of(the_run(server, buffer)) == {"lr": 0.1, "model": {"depth": 4, "act": "relu"}, "layers": [64, 64]}
+
+
+def test_config_set_again_by_another_writer_takes_the_later_value_and_the_sync_says_so(server, buffer):
+    with walbuf.Writer(buffer, writer="rank-0", run="exp1") as w:
+        w.config({"lr": 0.1, "seed": 1})
+    with walbuf.Writer(buffer, writer="rank-1", run="exp1") as w:
+        w.config({"lr": 0.2})
+        w.log({"loss": 1.0})
+    proc = run_sync(server, buffer)
+    assert proc.returncode == 0, proc.stderr
+    assert "config 'lr' was 0.1 (from rank-0) and was set again to 0.2 (by rank-1)" in proc.stderr
+    assert config_of(the_run(server, buffer)) == {"lr": 0.2, "seed": 1}
+    again = run_sync(server, buffer)
+    assert again.returncode == 0 and "warning" not in again.stderr  # said once
+
+
+def test_config_set_after_the_last_sync_is_synced_without_new_records(server, buffer):
+    log_records(buffer, "w", 1)
+    assert run_sync(server, buffer).returncode == 0
+    with walbuf.Writer(buffer, writer="w", run="exp1") as w:
+        w.config({"epochs": 3})
+    assert run_sync(server, buffer).returncode == 0
+    assert config_of(the_run(server, buffer)) == {"epochs": 3}
+    assert len(the_run(server, buffer).history) == 1
+
+
+def test_config_value_walbuf_cannot_store_is_refused_and_nothing_is_stored(buffer):
+    with walbuf.Writer(buffer, writer="w", run="exp1") as w:
+        w.config({"ok": 1})
+        with pytest.raises(walbuf.MetricTypeError, match="'bad'"):
+            w.config({"fine": 2, "bad": object()})
+    assert [row[0] for row in run_sql(buffer, "SELECT key FROM config_entries ORDER BY id")] == ["ok"]

@@ -214,6 +214,13 @@ def sync(
         finally:
             if bar is not None:
                 bar.__exit__(None, None, None)
+    for run in result.runs:  # a warning: printed even with --quiet
+        for c in run.config_changes:
+            click.echo(
+                f"walbuf: warning: run {run.run}: config {c.key!r} was {c.old_value!r} (from {c.old_writer})"
+                f" and was set again to {c.new_value!r} (by {c.new_writer}): W&B gets the later value",
+                err=True,
+            )
     if quiet:
         return
     if not result.runs:

@@ -28,7 +28,7 @@ import sqlalchemy as sa
 from . import shards
 from .errors import BufferCorruptError
 from .record import Record, decode
-from .storage import Storage, Target, records, shard_cursors
+from .storage import Storage, Target, config_entries, records, shard_cursors
 
 CHUNK = 10_000  # records per hub transaction
 
@@ -98,9 +98,51 @@ def _ingest_shard(hub: Storage, shard: shards.Shard) -> int:
                     _set_cursor(hub_conn, shard.id, found[w], last_id, known=(found[w].run, found[w].name) in cursors)
                     cursors[(found[w].run, found[w].name)] = last_id
             copied += len(chunk)
+        _ingest_config(conn, hub, shard.id, found, hub_ids)
         return copied
     finally:
         conn.close()
+
+
+def _ingest_config(
+    conn: sqlite3.Connection, hub: Storage, shard_id: str, found: dict[int, _ShardWriter], hub_ids: dict[int, int]
+) -> None:
+    """The shard's config entries the hub lacks, with their cursor, in one transaction."""
+    try:
+        rows = conn.execute("SELECT id, writer_id, key, value, time FROM config_entries ORDER BY id").fetchall()
+    except sqlite3.OperationalError:
+        return  # a shard of an older walbuf: no config
+    with hub.begin_write() as hub_conn:
+        done = {
+            (run, writer): config_id
+            for run, writer, config_id in hub_conn.execute(
+                sa.select(shard_cursors.c.run, shard_cursors.c.writer, shard_cursors.c.config_id).where(
+                    shard_cursors.c.shard == shard_id
+                )
+            )
+        }
+        reached: dict[int, int] = {}
+        for entry_id, w, key, value, wall_time in rows:
+            if entry_id > done.get((found[w].run, found[w].name), 0):
+                hub_conn.execute(
+                    config_entries.insert().values(writer_id=hub_ids[w], key=key, value=value, time=wall_time)
+                )
+                reached[w] = entry_id
+        for w, entry_id in reached.items():
+            key = (found[w].run, found[w].name)
+            where = sa.and_(
+                shard_cursors.c.shard == shard_id,
+                shard_cursors.c.run == key[0],
+                shard_cursors.c.writer == key[1],
+            )
+            if key in done:
+                hub_conn.execute(shard_cursors.update().where(where).values(config_id=entry_id))
+            else:
+                hub_conn.execute(
+                    shard_cursors.insert().values(
+                        shard=shard_id, run=key[0], writer=key[1], last_id=0, config_id=entry_id
+                    )
+                )
 
 
 def _writers(conn: sqlite3.Connection) -> dict[int, _ShardWriter]:

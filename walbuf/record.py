@@ -143,3 +143,41 @@ encode = json.JSONEncoder(separators=(",", ":"), allow_nan=True).encode
 
 decode = json.JSONDecoder().decode
 """Inverse of :func:`encode`."""
+
+
+def encode_config(values: Any) -> dict[str, str]:
+    """Run config as given to Writer.config(): each top-level key with its value as JSON text.
+
+    Values are what W&B's config holds: int, float, bool, str, None, numpy or
+    torch scalars, and lists and str-keyed dicts of those (kept nested).
+    Anything else raises MetricTypeError naming the key; an empty or non-str
+    key, MetricValueError. Nothing is stored on error.
+    """
+    if not isinstance(values, Mapping):
+        raise MetricTypeError(f"config must be a mapping of str keys, not {type(values).__qualname__}")
+    encoded = {}
+    for key, value in values.items():
+        if not isinstance(key, str) or not key:
+            raise MetricValueError(f"config key {key!r} must be a non-empty str (nothing was stored)")
+        encoded[key] = json.dumps(_config_value(key, value), allow_nan=True)
+    return encoded
+
+
+def _config_value(key: str, value: Any) -> Any:
+    if isinstance(value, Mapping):
+        out = {}
+        for sub, item in value.items():
+            if not isinstance(sub, str):
+                raise MetricValueError(f"config key {key!r} holds a non-str key {sub!r} (nothing was stored)")
+            out[sub] = _config_value(f"{key}.{sub}", item)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_config_value(f"{key}[{i}]", item) for i, item in enumerate(value)]
+    try:
+        return _convert(key, value)
+    except MetricTypeError:
+        kind = type(value)
+        raise MetricTypeError(
+            f"config key {key!r} has a value of type {kind.__module__}.{kind.__qualname__};"
+            " give an int, float, bool, str, None, or a list or dict of those (nothing was stored)"
+        ) from None

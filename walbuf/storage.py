@@ -35,7 +35,7 @@ from .record import Record, decode
 
 # Every revision in migrations/versions, oldest first. The newest is the schema
 # this code reads and writes; tests check this list against Alembic's own.
-KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004")
+KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005")
 HEAD_REVISION = KNOWN_REVISIONS[-1]
 
 DEFAULT_BUSY_TIMEOUT = 60.0  # seconds; a writer waits this long for the write lock
@@ -58,6 +58,8 @@ runs = sa.Table(
     sa.Column("entity", sa.Text),
     # Rows written to offline run directories so far: the next one's first _step.
     sa.Column("offline_step", sa.BigInteger, nullable=False, server_default="0"),
+    # The newest config entry of the run that a sync has sent.
+    sa.Column("config_id", RecordId, nullable=False, server_default="0"),
 )
 
 writers = sa.Table(
@@ -127,6 +129,18 @@ metric_keys = sa.Table(
 )
 
 
+# Run config, as writers set it (Writer.config): one row per key and call; at
+# sync, the run's config is every key's latest value (by id: later wins).
+config_entries = sa.Table(
+    "config_entries",
+    metadata,
+    sa.Column("id", RecordId, primary_key=True),
+    sa.Column("writer_id", sa.Integer, sa.ForeignKey("writers.id"), nullable=False),
+    sa.Column("key", sa.Text, nullable=False),
+    sa.Column("value", sa.Text, nullable=False),  # JSON
+    sa.Column("time", sa.Float, nullable=False),
+)
+
 # In the hub of a directory buffer (walbuf.shards): for each shard, run and
 # writer, the shard's id of the last record copied into the hub.
 shard_cursors = sa.Table(
@@ -136,6 +150,8 @@ shard_cursors = sa.Table(
     sa.Column("run", sa.Text, primary_key=True),
     sa.Column("writer", sa.Text, primary_key=True),
     sa.Column("last_id", sa.BigInteger, nullable=False),
+    # ... and of the last config entry copied.
+    sa.Column("config_id", sa.BigInteger, nullable=False, server_default="0"),
 )
 
 
@@ -327,6 +343,17 @@ class Storage:
                 .limit(1)
             )
             return row.id, last_step if last_step is not None else row.pruned_step
+
+    def add_config(self, writer_pk: int, encoded: dict[str, str]) -> None:
+        """Store config entries (key -> JSON text) of a writer, in one transaction."""
+        if not encoded:
+            return
+        now = time.time()
+        with self.begin_write() as conn:
+            conn.execute(
+                config_entries.insert(),
+                [{"writer_id": writer_pk, "key": k, "value": v, "time": now} for k, v in encoded.items()],
+            )
 
     @staticmethod
     def _run_id(conn: sa.Connection, run: str, now: float) -> int:

@@ -26,6 +26,7 @@ key, so two ranks' ``loss`` stay apart.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import socket
@@ -41,6 +42,7 @@ from .errors import BufferNotFoundError, ConfigError, SyncLockedError, UploadErr
 from .record import decode
 from .storage import (
     Storage,
+    config_entries,
     Target,
     merge_target,
     metric_keys,
@@ -73,6 +75,19 @@ class RunSync:
     # Records a cut-off earlier upload may already have delivered: sent again, maybe twice.
     possibly_duplicated: int = 0
     offline_dir: str | None = None
+    # Config keys whose value a later Writer.config() replaced, since the last sync.
+    config_changes: list[ConfigChange] = field(default_factory=list)
+
+
+@dataclass
+class ConfigChange:
+    """A run config key set again with another value: the later one is what W&B gets."""
+
+    key: str
+    old_writer: str
+    old_value: object
+    new_writer: str
+    new_value: object
 
 
 @dataclass
@@ -272,7 +287,13 @@ class _Syncer:
             high = conn.scalar(sa.select(sa.func.max(records.c.id))) or 0
             counts = self._pending_counts(conn, found, low, high)
             pending = sum(counts.values())
-            if pending == 0:
+            config_id = conn.scalar(sa.select(runs.c.config_id).where(runs.c.id == run_id))
+            new_config = conn.scalar(
+                sa.select(sa.func.count())
+                .select_from(config_entries)
+                .where(config_entries.c.writer_id.in_(list(found)), config_entries.c.id > config_id)
+            )
+            if pending == 0 and not new_config:
                 return None
             target = self._target(conn, run_id, name, overrides, dry_run)
             report = RunSync(run=name, target=target, mode=self.mode)
@@ -370,16 +391,39 @@ class _Syncer:
                 yield plan.writers[row.writer_id], row.id, row.step, row.time, row.metrics
             after = chunk[-1].id
 
+    def _config(self, plan: _Plan) -> tuple[dict[str, object], list[ConfigChange], int]:
+        """The run's config (each key's latest value), what changed since the last sync, the newest entry's id."""
+        with self.storage.begin_read() as conn:
+            synced = conn.scalar(sa.select(runs.c.config_id).where(runs.c.id == plan.run_id))
+            entries = conn.execute(
+                sa.select(config_entries.c.id, config_entries.c.writer_id, config_entries.c.key, config_entries.c.value)
+                .where(config_entries.c.writer_id.in_(list(plan.writers)))
+                .order_by(config_entries.c.id)
+            ).all()
+        config: dict[str, object] = {}
+        setter: dict[str, str] = {}
+        changes = []
+        for entry_id, writer_id, key, text in entries:
+            value, writer = json.loads(text), plan.writers[writer_id].name
+            if key in config and config[key] != value and entry_id > synced:
+                changes.append(ConfigChange(key, setter[key], config[key], writer, value))
+            config[key], setter[key] = value, writer
+        return config, changes, entries[-1].id if entries else synced
+
     def upload(self, plan: _Plan) -> None:
         from .wandb_adapter import WandbRun
 
         report = plan.report
+        config, report.config_changes, config_id = self._config(plan)
         with self.storage.begin_read() as conn:
             offline_step = conn.scalar(sa.select(runs.c.offline_step).where(runs.c.id == plan.run_id))
         known = self._known_keys(plan)
         new_keys: set[tuple[int, str]] = set()
         try:
             wandb_run = WandbRun(report.target, report.run, self.mode, self.directory)
+            if config:
+                # All of it, every time: W&B keeps the config of the latest update.
+                wandb_run.update_config(config)
             for writer_id, key in sorted(known):
                 writer = plan.writers[writer_id]
                 wandb_run.define_metric(f"{writer.name}/{key}", f"{writer.name}/{writer.step_axis}")
@@ -431,6 +475,7 @@ class _Syncer:
                     metric_keys.insert(), [{"writer_id": w, "key": k} for w, k in sorted(new_keys)]
                 )
             set_target(conn, plan.run_id, report.run, wandb_run.target)
+            conn.execute(runs.update().where(runs.c.id == plan.run_id).values(config_id=config_id))
             if self.mode == "offline":
                 conn.execute(
                     runs.update().where(runs.c.id == plan.run_id).values(offline_step=runs.c.offline_step + sent)

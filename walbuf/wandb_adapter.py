@@ -78,6 +78,13 @@ class WandbRun:
         except Exception as exc:  # the upload cannot go on; the records stay pending
             raise UploadError(f"wandb refused to declare metric {key!r}: {_describe(exc)}") from exc
 
+    def update_config(self, config: dict[str, Any]) -> None:
+        """Set the run's config keys (the latest value of each, as the buffer holds them)."""
+        try:
+            self._run.config.update(config, allow_val_change=True)
+        except Exception as exc:  # the upload cannot go on; the records stay pending
+            raise UploadError(f"wandb refused the run config: {_describe(exc)}") from exc
+
     def log(self, row: dict[str, Any], step: int | None = None) -> None:
         try:
             self._run.log(row, step=step)

@@ -39,7 +39,7 @@ from .errors import (
     WriterClosedError,
     WriterConflictError,
 )
-from .record import encode, flatten
+from .record import encode, encode_config, flatten
 from .backends import DURABILITY_LEVELS, Appender, Lock
 from . import shards
 from .storage import Storage, Target, resolve_url, writers
@@ -313,6 +313,26 @@ class Writer:
             self._appender.append((self._writer_pk, step, now, payload))  # type: ignore[union-attr]
             self._last_step = step
             return step
+
+    def config(self, values: Mapping[str, Any]) -> None:
+        """Record run config (hyperparameters) in the buffer; committed on return.
+
+        At sync, the run's W&B config is each key's latest value across the
+        run's writers: a key set again (by this writer or another) takes the
+        later value, and the syncer reports values that changed that way.
+        Values: int, float, bool, str, None, numpy/torch scalars, and lists
+        and str-keyed dicts of those; anything else raises before anything
+        is stored.
+        """
+        if self._pid != os.getpid():
+            self._ensure_own_process()
+        encoded = encode_config(values)
+        with self._lock:
+            if self._closed:
+                raise WriterClosedError(
+                    f"writer {self._writer!r} is closed; open a new one with walbuf.init()"
+                )
+            self._storage.add_config(self._writer_pk, encoded)  # type: ignore[union-attr]
 
     def _check_step(self, step: Any, last: int | None) -> int:
         if isinstance(step, bool):
