@@ -15,13 +15,13 @@ from conftest import run_sql
 from test_sync import rows_of, run_sync
 from walbuf.integrations.lightning import WalbufLogger
 
-TESTS = Path(__file__).parent
+EXAMPLE = Path(__file__).parent.parent / "scripts" / "lightning_example.py"
 STEPS_PER_RANK = 8  # 64 samples, batches of 8, split over 2 ranks, 2 epochs
 
 
 def train(buffer, strategy):
     proc = subprocess.run(
-        [sys.executable, str(TESTS / "lightning_train.py"), str(buffer), strategy],
+        [sys.executable, str(EXAMPLE), str(buffer), "--strategy", strategy],
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,11 +1,18 @@
-"""A tiny model trained 2 epochs on 2 CPU processes, logging through WalbufLogger.
+"""Lightning with walbuf: a tiny model trained 2 epochs on 2 CPU processes, every rank logging.
 
-    python lightning_train.py BUFFER STRATEGY     # STRATEGY: ddp_spawn or ddp
+    pip install -e '.[test]'            # or: pip install 'walbuf[lightning]'
+    python scripts/lightning_example.py [BUFFER] [--strategy ddp_spawn|ddp]
+    walbuf status runs/lightning.db     # both ranks' records, the hyperparameters pending
+    walbuf sync runs/lightning.db --project my-project    # later, from anywhere with network
 
-Prints one JSON line at the end (rank 0 of the launching process): whether
-wandb was imported in it.
+No process creates a wandb run: every rank appends to the buffer through
+WalbufLogger, and `walbuf sync` uploads it into one W&B run, rank-0/... and
+rank-1/... each on its own global_step axis, the hyperparameters as config.
+Prints one JSON line at the end: whether the launching process imported
+wandb (the tests check it did not).
 """
 
+import argparse
 import json
 import sys
 
@@ -33,7 +40,11 @@ class Tiny(pl.LightningModule):
 
 
 def main() -> None:
-    buffer, strategy = sys.argv[1], sys.argv[2]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("buffer", nargs="?", default="runs/lightning.db")
+    parser.add_argument("--strategy", choices=["ddp_spawn", "ddp"], default="ddp_spawn")
+    args = parser.parse_args()
+    buffer, strategy = args.buffer, args.strategy
     torch.manual_seed(0)
     x = torch.randn(64, 3)
     data = DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=8)
