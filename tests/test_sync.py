@@ -463,3 +463,14 @@ def test_config_value_walbuf_cannot_store_is_refused_and_nothing_is_stored(buffe
         with pytest.raises(walbuf.MetricTypeError, match="'bad'"):
             w.config({"fine": 2, "bad": object()})
     assert [row[0] for row in run_sql(buffer, "SELECT key FROM config_entries ORDER BY id")] == ["ok"]
+
+
+def test_writer_summary_arrives_in_the_runs_summary_later_value_winning(server, buffer):
+    with walbuf.Writer(buffer, writer="eval", run="exp1") as w:
+        w.log({"accuracy": 0.5})
+        w.summary({"best_accuracy": 0.5, "checkpoint": "ckpt-1"})
+        w.summary({"best_accuracy": 0.7})
+    assert run_sync(server, buffer).returncode == 0
+    summary = the_run(server, buffer).summary
+    assert summary["best_accuracy"] == 0.7 and summary["checkpoint"] == "ckpt-1"
+    assert config_of(the_run(server, buffer)) == {}  # summary is not config

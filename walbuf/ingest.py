@@ -109,7 +109,7 @@ def _ingest_config(
 ) -> None:
     """The shard's config entries the hub lacks, with their cursor, in one transaction."""
     try:
-        rows = conn.execute("SELECT id, writer_id, key, value, time FROM config_entries ORDER BY id").fetchall()
+        rows = conn.execute("SELECT id, writer_id, kind, key, value, time FROM config_entries ORDER BY id").fetchall()
     except sqlite3.OperationalError:
         return  # a shard of an older walbuf: no config
     with hub.begin_write() as hub_conn:
@@ -122,10 +122,12 @@ def _ingest_config(
             )
         }
         reached: dict[int, int] = {}
-        for entry_id, w, key, value, wall_time in rows:
+        for entry_id, w, kind, key, value, wall_time in rows:
             if entry_id > done.get((found[w].run, found[w].name), 0):
                 hub_conn.execute(
-                    config_entries.insert().values(writer_id=hub_ids[w], key=key, value=value, time=wall_time)
+                    config_entries.insert().values(
+                        writer_id=hub_ids[w], kind=kind, key=key, value=value, time=wall_time
+                    )
                 )
                 reached[w] = entry_id
         for w, entry_id in reached.items():

@@ -129,13 +129,14 @@ metric_keys = sa.Table(
 )
 
 
-# Run config, as writers set it (Writer.config): one row per key and call; at
-# sync, the run's config is every key's latest value (by id: later wins).
+# Run config and summary, as writers set them (Writer.config, Writer.summary):
+# one row per key and call; at sync, each key's latest value (by id) wins.
 config_entries = sa.Table(
     "config_entries",
     metadata,
     sa.Column("id", RecordId, primary_key=True),
     sa.Column("writer_id", sa.Integer, sa.ForeignKey("writers.id"), nullable=False),
+    sa.Column("kind", sa.Text, nullable=False, server_default="config"),  # or "summary"
     sa.Column("key", sa.Text, nullable=False),
     sa.Column("value", sa.Text, nullable=False),  # JSON
     sa.Column("time", sa.Float, nullable=False),
@@ -344,15 +345,15 @@ class Storage:
             )
             return row.id, last_step if last_step is not None else row.pruned_step
 
-    def add_config(self, writer_pk: int, encoded: dict[str, str]) -> None:
-        """Store config entries (key -> JSON text) of a writer, in one transaction."""
+    def add_config(self, writer_pk: int, encoded: dict[str, str], kind: str = "config") -> None:
+        """Store config or summary entries (key -> JSON text) of a writer, in one transaction."""
         if not encoded:
             return
         now = time.time()
         with self.begin_write() as conn:
             conn.execute(
                 config_entries.insert(),
-                [{"writer_id": writer_pk, "key": k, "value": v, "time": now} for k, v in encoded.items()],
+                [{"writer_id": writer_pk, "kind": kind, "key": k, "value": v, "time": now} for k, v in encoded.items()],
             )
 
     @staticmethod

@@ -391,39 +391,47 @@ class _Syncer:
                 yield plan.writers[row.writer_id], row.id, row.step, row.time, row.metrics
             after = chunk[-1].id
 
-    def _config(self, plan: _Plan) -> tuple[dict[str, object], list[ConfigChange], int]:
-        """The run's config (each key's latest value), what changed since the last sync, the newest entry's id."""
+    def _config(self, plan: _Plan) -> tuple[dict[str, dict[str, object]], list[ConfigChange], int]:
+        """The run's config and summary (kind -> each key's latest value), config changed since the last sync, the newest entry's id."""
         with self.storage.begin_read() as conn:
             synced = conn.scalar(sa.select(runs.c.config_id).where(runs.c.id == plan.run_id))
             entries = conn.execute(
-                sa.select(config_entries.c.id, config_entries.c.writer_id, config_entries.c.key, config_entries.c.value)
+                sa.select(
+                    config_entries.c.id,
+                    config_entries.c.writer_id,
+                    config_entries.c.kind,
+                    config_entries.c.key,
+                    config_entries.c.value,
+                )
                 .where(config_entries.c.writer_id.in_(list(plan.writers)))
                 .order_by(config_entries.c.id)
             ).all()
-        config: dict[str, object] = {}
+        merged: dict[str, dict[str, object]] = {"config": {}, "summary": {}}
         setter: dict[str, str] = {}
         changes = []
-        for entry_id, writer_id, key, text in entries:
-            value, writer = json.loads(text), plan.writers[writer_id].name
-            if key in config and config[key] != value and entry_id > synced:
-                changes.append(ConfigChange(key, setter[key], config[key], writer, value))
-            config[key], setter[key] = value, writer
-        return config, changes, entries[-1].id if entries else synced
+        for entry_id, writer_id, kind, key, text in entries:
+            value, writer, values = json.loads(text), plan.writers[writer_id].name, merged[kind]
+            if kind == "config" and key in values and values[key] != value and entry_id > synced:
+                changes.append(ConfigChange(key, setter[key], values[key], writer, value))
+            values[key] = value
+            if kind == "config":
+                setter[key] = writer
+        return merged, changes, entries[-1].id if entries else synced
 
     def upload(self, plan: _Plan) -> None:
         from .wandb_adapter import WandbRun
 
         report = plan.report
-        config, report.config_changes, config_id = self._config(plan)
+        merged, report.config_changes, config_id = self._config(plan)
         with self.storage.begin_read() as conn:
             offline_step = conn.scalar(sa.select(runs.c.offline_step).where(runs.c.id == plan.run_id))
         known = self._known_keys(plan)
         new_keys: set[tuple[int, str]] = set()
         try:
             wandb_run = WandbRun(report.target, report.run, self.mode, self.directory)
-            if config:
+            if merged["config"]:
                 # All of it, every time: W&B keeps the config of the latest update.
-                wandb_run.update_config(config)
+                wandb_run.update_config(merged["config"])
             for writer_id, key in sorted(known):
                 writer = plan.writers[writer_id]
                 wandb_run.define_metric(f"{writer.name}/{key}", f"{writer.name}/{writer.step_axis}")
@@ -455,6 +463,8 @@ class _Syncer:
                     if unreported >= 100:
                         self.progress(unreported)
                         unreported = 0
+            if merged["summary"]:
+                wandb_run.update_summary(merged["summary"])
             wandb_run.finish()
         except (UploadError, ConfigError) as exc:
             self._close_entry(plan, "failed", str(exc))

@@ -85,6 +85,13 @@ class WandbRun:
         except Exception as exc:  # the upload cannot go on; the records stay pending
             raise UploadError(f"wandb refused the run config: {_describe(exc)}") from exc
 
+    def update_summary(self, summary: dict[str, Any]) -> None:
+        """Set run summary keys (after the rows: a row would replace a key it also holds)."""
+        try:
+            self._run.summary.update(summary)
+        except Exception as exc:  # the upload cannot go on; the records stay pending
+            raise UploadError(f"wandb refused the run summary: {_describe(exc)}") from exc
+
     def log(self, row: dict[str, Any], step: int | None = None) -> None:
         try:
             self._run.log(row, step=step)

@@ -324,6 +324,18 @@ class Writer:
         and str-keyed dicts of those; anything else raises before anything
         is stored.
         """
+        self._set("config", values)
+
+    def summary(self, values: Mapping[str, Any]) -> None:
+        """Record run summary values (final or best metrics, say) in the buffer; committed on return.
+
+        At sync they are set in the W&B run's summary, each key's latest value
+        across the run's writers. Keys are as given (not prefixed with the
+        writer id). Values as for :meth:`config`.
+        """
+        self._set("summary", values)
+
+    def _set(self, kind: str, values: Mapping[str, Any]) -> None:
         if self._pid != os.getpid():
             self._ensure_own_process()
         encoded = encode_config(values)
@@ -332,7 +344,7 @@ class Writer:
                 raise WriterClosedError(
                     f"writer {self._writer!r} is closed; open a new one with walbuf.init()"
                 )
-            self._storage.add_config(self._writer_pk, encoded)  # type: ignore[union-attr]
+            self._storage.add_config(self._writer_pk, encoded, kind)  # type: ignore[union-attr]
 
     def _check_step(self, step: Any, last: int | None) -> int:
         if isinstance(step, bool):

@@ -1,4 +1,4 @@
-"""Run config through the buffer: what writers set with Writer.config(), and how far it was synced.
+"""Run config and summary through the buffer: what writers set with Writer.config() and .summary().
 
 Revision ID: 0005
 Revises: 0004
@@ -22,6 +22,7 @@ def upgrade() -> None:
         "config_entries",
         sa.Column("id", ROW_ID, primary_key=True),
         sa.Column("writer_id", sa.Integer, sa.ForeignKey("writers.id"), nullable=False),
+        sa.Column("kind", sa.Text, nullable=False, server_default="config"),  # or "summary"
         sa.Column("key", sa.Text, nullable=False),
         sa.Column("value", sa.Text, nullable=False),
         sa.Column("time", sa.Float, nullable=False),
