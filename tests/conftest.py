@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
+import sys
 import tempfile
 import uuid
 from contextlib import contextmanager
@@ -160,3 +162,27 @@ def buffer_exists(buffer: Path | str) -> bool:
             return sa.inspect(conn).has_table("alembic_version")
     finally:
         engine.dispose()
+
+
+def run_sync(server, buffer, *args, timeout=120, env=None):
+    """`walbuf sync BUFFER ARGS` in its own process, as cron would run it."""
+    full_env = {**os.environ, **server.env(), **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "walbuf", "sync", str(buffer), "--quiet", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+    )
+
+
+def rows_of(fake_run, writer, axis="step"):
+    """(step, metrics without the writer prefix) of one writer's rows, in arrival order."""
+    prefix = writer + "/"
+    out = []
+    for row in fake_run.history:
+        if prefix + axis not in row:
+            continue
+        metrics = {k[len(prefix):]: v for k, v in row.items() if k.startswith(prefix) and k != prefix + axis}
+        out.append((row[prefix + axis], metrics))
+    return out

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 import walbuf
-from conftest import run_sql
-from test_sync import rows_of, run_sync
+from conftest import rows_of, run_sql, run_sync
 from walbuf.integrations.lightning import WalbufLogger
 
 EXAMPLE = Path(__file__).parent.parent / "scripts" / "lightning_example.py"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from test_sync import rows_of, run_sync
+from conftest import rows_of, run_sync
 
 pytestmark = pytest.mark.backends("sqlite", "postgresql")
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import walbuf
-from test_sync import rows_of, run_sync
+from conftest import rows_of, run_sync
 from walbuf import shards
 from walbuf.doctor import doctor
 from walbuf.prune import prune

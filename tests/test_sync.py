@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import walbuf
-from conftest import run_sql
+from conftest import rows_of, run_sql, run_sync
 
 pytestmark = pytest.mark.backends("sqlite", "postgresql")
 
@@ -34,18 +34,6 @@ def in_process(wandb_session_server, tmp_path, monkeypatch):
     return wandb_session_server
 
 
-def run_sync(server, buffer, *args, timeout=120, env=None):
-    """`walbuf sync BUFFER ARGS` in its own process, as cron would run it."""
-    full_env = {**os.environ, **server.env(), **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "walbuf", "sync", str(buffer), "--quiet", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=full_env,
-    )
-
-
 def run_status(buffer):
     proc = subprocess.run(
         [sys.executable, "-m", "walbuf", "status", str(buffer), "--json"], capture_output=True, text=True
@@ -56,18 +44,6 @@ def run_status(buffer):
 
 def pending(buffer):
     return {(r["run"], w["writer"]): w["pending"] for r in run_status(buffer)["runs"] for w in r["writers"]}
-
-
-def rows_of(fake_run, writer, axis="step"):
-    """(step, metrics without the writer prefix) of one writer's rows, in arrival order."""
-    prefix = writer + "/"
-    out = []
-    for row in fake_run.history:
-        if prefix + axis not in row:
-            continue
-        metrics = {k[len(prefix):]: v for k, v in row.items() if k.startswith(prefix) and k != prefix + axis}
-        out.append((row[prefix + axis], metrics))
-    return out
 
 
 def log_records(buffer, writer, n, *, run="exp1", start=0, axis="step", **target):
