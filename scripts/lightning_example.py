@@ -8,8 +8,8 @@
 No process creates a wandb run: every rank appends to the buffer through
 WalbufLogger, and `walbuf sync` uploads it into one W&B run, rank-0/... and
 rank-1/... each on its own global_step axis, the hyperparameters as config.
-Prints one JSON line at the end: whether the launching process imported
-wandb (the tests check it did not).
+Prints one JSON line per process at the end, each rank's and the launching
+process's: whether it imported wandb (the tests check none did).
 """
 
 import argparse
@@ -38,6 +38,15 @@ class Tiny(pl.LightningModule):
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
 
+    def on_train_end(self):
+        # Runs in every rank's process, spawned or launched: none may have made
+        # a wandb run, so none may even have imported wandb.
+        report("rank-%d" % self.global_rank)
+
+
+def report(process: str) -> None:
+    print(json.dumps({"process": process, "wandb_imported": "wandb" in sys.modules}), flush=True)
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -60,9 +69,8 @@ def main() -> None:
         enable_model_summary=False,
     )
     trainer.fit(Tiny(), data)
-    if trainer.global_rank == 0:
-        # No process may have made a wandb run: none even imported wandb.
-        print(json.dumps({"wandb_imported": "wandb" in sys.modules}), flush=True)
+    if strategy == "ddp_spawn" or trainer.global_rank == 0:
+        report("launcher")
 
 
 if __name__ == "__main__":
