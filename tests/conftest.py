@@ -164,11 +164,11 @@ def buffer_exists(buffer: Path | str) -> bool:
         engine.dispose()
 
 
-def run_sync(server, buffer, *args, timeout=120, env=None):
-    """`walbuf sync BUFFER ARGS` in its own process, as cron would run it."""
+def run_sync(server, buffer, *args, timeout=120, env=None, quiet=True):
+    """`walbuf sync BUFFER ARGS` in its own process, as cron would run it (with --quiet unless told)."""
     full_env = {**os.environ, **server.env(), **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "walbuf", "sync", str(buffer), "--quiet", *args],
+        [sys.executable, "-m", "walbuf", "sync", str(buffer), *(["--quiet"] if quiet else []), *args],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -57,8 +57,8 @@ def files(directory, part):
     return sorted(p.name for p in (Path(directory) / part).rglob("*.db"))
 
 
-def sync_on(server, host, directory, *args):
-    return run_sync(server, directory, *args, env={shards.ENV_HOST: host})
+def sync_on(server, host, directory, *args, quiet=True):
+    return run_sync(server, directory, *args, env={shards.ENV_HOST: host}, quiet=quiet)
 
 
 def status_on(host, directory):
@@ -158,6 +158,21 @@ def test_a_sync_on_another_host_sends_sealed_shards_and_never_opens_live_ones(se
     assert steps_of(the_run(server), "ra") == [0, 1, 2]
     assert steps_of(the_run(server), "rb") == [100]
     assert planted.read_bytes().startswith(b"not a database")
+
+
+def test_a_dry_run_counts_the_shards_records_and_copies_nothing_into_the_hub(server, directory):
+    log_on("a", directory, "ra", 3)
+    assert sync_on(server, "s", directory).returncode == 0
+    log_on("a", directory, "ra", 2, start=3)
+    with on_host("b"), walbuf.Writer(directory, writer="rb", run="exp") as rb:
+        rb.log({"i": 100})
+        proc = sync_on(server, "s", directory, "--dry-run", quiet=False)
+        assert proc.returncode == 0, proc.stderr
+        assert "and 2 records of shards not yet in the hub" in proc.stdout
+        assert "1 live shards of other hosts are not readable" in proc.stdout
+    assert [name[0] for name in files(directory, "sealed")] == ["a", "b"]  # neither copied in
+    assert len(files(directory, "ingested")) == 1
+    assert steps_of(the_run(server), "ra") == [0, 1, 2]
 
 
 def test_a_sync_on_the_writers_host_sends_its_live_shard_each_record_once(server, directory):

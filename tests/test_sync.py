@@ -243,12 +243,7 @@ def test_max_records_bounds_one_sync(server, buffer):
 
 def test_dry_run_sends_and_changes_nothing(server, buffer):
     log_records(buffer, "w", 3)
-    proc = subprocess.run(
-        [sys.executable, "-m", "walbuf", "sync", str(buffer), "--dry-run"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **server.env()},
-    )
+    proc = run_sync(server, buffer, "--dry-run", quiet=False)
     assert proc.returncode == 0
     assert "3 records would be sent" in proc.stdout
     assert server.runs == {}

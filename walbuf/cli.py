@@ -223,7 +223,7 @@ def sync(
             )
     if quiet:
         return
-    if not result.runs:
+    if not result.runs and not result.not_in_hub:
         click.echo("nothing to sync")
     for run in result.runs:
         if dry_run:
@@ -233,6 +233,13 @@ def sync(
             click.echo(f"  upload it later with: wandb sync {run.offline_dir}")
     if dry_run:
         click.echo(f"dry run: {result.records} records would be sent; nothing was changed")
+    if result.not_in_hub:
+        click.echo(f"  and {result.not_in_hub} records of shards not yet in the hub, which a sync copies in first")
+    if result.unreadable_shards:
+        click.echo(
+            f"  {result.unreadable_shards} live shards of other hosts are not readable from here"
+            " until they are sealed (see walbuf status)"
+        )
 
 
 @main.command(epilog=EXIT_HELP)

@@ -96,6 +96,11 @@ class SyncResult:
 
     runs: list[RunSync]
     dry_run: bool = False
+    # A dry run of a directory buffer: records in shards not yet copied into
+    # the hub, which a real sync copies in first (not counted in ``records``),
+    # and other hosts' live shards, which it cannot read yet.
+    not_in_hub: int = 0
+    unreadable_shards: int = 0
 
     @property
     def records(self) -> int:
@@ -145,7 +150,8 @@ def sync(
     A directory buffer (see walbuf.shards) is first brought into its hub:
     this host's live shards that nobody uses are sealed, and the records of
     every sealed shard and of this host's live ones are copied in; then the
-    hub is synced. ``dry_run`` counts only what the hub already holds.
+    hub is synced. ``dry_run`` copies nothing: it counts what the hub holds
+    per run, and the shards' records not yet in it as ``not_in_hub``.
 
     wandb reads its own settings (WANDB_BASE_URL, credentials) once per
     process: syncs in one process all talk to the server the first one did.
@@ -174,6 +180,10 @@ def sync(
             syncer = _Syncer(storage, mode, directory, max_records, max_seconds, progress)
             chosen = syncer.runs_to_sync(run, run_id)
             result = SyncResult(runs=[], dry_run=dry_run)
+            if layout is not None and dry_run:
+                counts = [n for _, n in ingest.backlog(layout, shards.host_name())]
+                result.not_in_hub = sum(n for n in counts if n is not None)
+                result.unreadable_shards = counts.count(None)
             for name in chosen:
                 if syncer.out_of_budget():
                     break
