@@ -14,6 +14,7 @@ process's: whether it imported wandb (the tests check none did).
 
 import argparse
 import json
+import os
 import sys
 
 import pytorch_lightning as pl
@@ -45,7 +46,11 @@ class Tiny(pl.LightningModule):
 
 
 def report(process: str) -> None:
-    print(json.dumps({"process": process, "wandb_imported": "wandb" in sys.modules}), flush=True)
+    # Both ranks share one stdout pipe: a single write() of a short line is
+    # atomic, where print() may split the text and its newline between ranks.
+    line = json.dumps({"process": process, "wandb_imported": "wandb" in sys.modules}) + "\n"
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), line.encode())
 
 
 def main() -> None:
