@@ -29,9 +29,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import walbuf  # noqa: E402
-from walbuf.syncer import sync  # noqa: E402
-from walbuf.wandb_adapter import WandbRun  # noqa: E402
-from walbuf.storage import Target  # noqa: E402
+from walbuf import Target, sync  # noqa: E402
+from walbuf.syncer.wandb_run import WandbRun  # noqa: E402
 from wandb_server import FakeWandb  # noqa: E402
 
 WRITERS = ("rank-0", "rank-1")
@@ -102,7 +101,7 @@ def incremental(directory: Path, big: int, new: int) -> tuple[float, float]:
 # wandb-core's figure (ru_maxrss of the syncer's children) is an upper bound.
 MEASURE_RSS = """
 import re, resource, sys
-from walbuf.syncer import sync
+from walbuf import sync
 result = sync(sys.argv[1], project="bench", entity="bench")
 hwm = re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read()).group(1)
 print(result.records, hwm, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)

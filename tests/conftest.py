@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 import uuid
 from contextlib import contextmanager
 from collections import defaultdict
@@ -98,6 +100,27 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
+@contextmanager
+def walbuf_says(text: str):
+    """An Event that is set once walbuf logs a message containing ``text`` (it logs when it waits for a lock)."""
+    event = threading.Event()
+
+    class Handler(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if text in record.getMessage():
+                event.set()
+
+    handler, logger = Handler(), logging.getLogger("walbuf")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield event
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 def same_value(a: object, b: object) -> bool:
     """Exact equality: NaN equals NaN, -0.0 differs from 0.0, bool differs from int."""
     if type(a) is not type(b):
@@ -164,11 +187,14 @@ def buffer_exists(buffer: Path | str) -> bool:
         engine.dispose()
 
 
-def run_sync(server, buffer, *args, timeout=120, env=None, quiet=True):
-    """`walbuf sync BUFFER ARGS` in its own process, as cron would run it (with --quiet unless told)."""
+def run_sync(server, buffer, *args, timeout=120, env=None, quiet=True, prefix=()):
+    """`walbuf sync BUFFER ARGS` in its own process, as cron would run it (with --quiet unless told).
+
+    ``prefix`` is a command that runs it (one that sets a fault up, say).
+    """
     full_env = {**os.environ, **server.env(), **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "walbuf", "sync", str(buffer), *(["--quiet"] if quiet else []), *args],
+        [*prefix, sys.executable, "-m", "walbuf", "sync", str(buffer), *(["--quiet"] if quiet else []), *args],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 import walbuf
+from walbuf import exitcodes
 from walbuf.cli import main
 
 
@@ -48,11 +52,56 @@ def test_corrupt_buffer_exits_65(tmp_path):
     assert "not a readable walbuf buffer" in result.output
 
 
-def test_help_lists_exit_codes():
+def test_help_lists_every_exit_code():
     result = CliRunner().invoke(main, ["--help"])
-    assert result.exit_code == 0 and "66  buffer does not exist" in result.output
+    assert result.exit_code == 0
+    listed = re.findall(r"^ +(\d+) ", result.output.split("Exit codes:")[1], re.MULTILINE)
+    assert listed == [str(c.code) for c in exitcodes.EXIT_CODES]
+    assert "66  the buffer does not exist" in result.output
+
+
+def test_readme_lists_the_exit_codes_the_command_has():
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    assert exitcodes.markdown_table() in readme
 
 
 def test_version():
     result = CliRunner().invoke(main, ["--version"])
     assert walbuf.__version__ in result.output
+
+
+def walbuf_cron(buffer, env):
+    """The installed walbuf-cron, run as cron runs it: by its full path, with cron's bare PATH."""
+    command = Path(sys.executable).parent / "walbuf-cron"
+    return subprocess.run(
+        [str(command), str(buffer)], env={"PATH": "/usr/bin:/bin", **env}, capture_output=True, text=True
+    )
+
+
+@pytest.mark.slow
+def test_walbuf_cron_runs_with_crons_bare_path_and_logs_one_line(server, tmp_path):
+    with walbuf.Writer(tmp_path / "b.db", writer="w") as w:
+        for i in range(3):
+            w.log({"i": i})
+    proc = walbuf_cron(tmp_path / "b.db", {"HOME": str(tmp_path), **server.env()})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("\n") == 1 and "ok, 3 records synced" in proc.stdout
+
+
+def test_walbuf_cron_logs_what_a_retry_fixes_and_exits_0(tmp_path):
+    buffer = tmp_path / "b.db"
+    walbuf.Writer(buffer, writer="w").close()
+    holder = walbuf.open_buffer(buffer).sync_lock()
+    assert holder.acquire(timeout=0)
+    try:
+        proc = walbuf_cron(buffer, {"HOME": str(tmp_path)})
+    finally:
+        holder.release()
+    assert proc.returncode == 0
+    assert proc.stdout.count("\n") == 1 and "exit 11, will retry: another walbuf sync" in proc.stdout
+
+
+def test_walbuf_cron_keeps_the_code_of_what_needs_a_person(tmp_path):
+    proc = walbuf_cron(tmp_path / "nope.db", {"HOME": str(tmp_path)})
+    assert proc.returncode == 66
+    assert proc.stdout.count("\n") == 1 and "exit 66, needs a person: no buffer at" in proc.stdout

@@ -8,7 +8,7 @@ import pytest
 
 import walbuf
 import workers
-from conftest import record_count
+from conftest import record_count, walbuf_says
 
 pytestmark = pytest.mark.backends("sqlite", "postgresql")
 
@@ -86,5 +86,7 @@ def test_settings_are_read_from_the_environment_at_call_time(buffer, monkeypatch
 
 def test_call_while_the_writer_id_is_held_elsewhere_waits_then_fails(buffer):
     with walbuf.Writer(buffer, writer="eval", step_axis="eval_step", run="exp1"):
-        with pytest.raises(walbuf.WriterConflictError):
-            make(buffer, wait=0.2)(0.5)
+        with walbuf_says("'eval' of run 'exp1' is open elsewhere; waiting up to 0.2s") as waited:
+            with pytest.raises(walbuf.WriterConflictError, match="was not closed within 0.2s"):
+                make(buffer, wait=0.2)(0.5)
+        assert waited.is_set()

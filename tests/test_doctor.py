@@ -10,7 +10,7 @@ from click.testing import CliRunner
 import walbuf
 from walbuf.cli import main
 from conftest import run_sql
-from walbuf.doctor import doctor
+from walbuf import doctor
 
 pytestmark = pytest.mark.backends("sqlite", "postgresql")
 

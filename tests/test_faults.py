@@ -17,7 +17,7 @@ pytestmark = pytest.mark.backends("sqlite", "postgresql")
 def test_full_disk_is_a_clear_error_and_loses_nothing_committed(buffer):
     with walbuf.Writer(buffer, writer="w") as w:
         w.log({"i": -1})
-        conn = w._appender._cursor.connection  # a tiny disk: SQLite may not grow the file past this
+        conn = w._open.appender._cursor.connection  # a tiny disk: SQLite may not grow the file past this
         pages = conn.execute("PRAGMA page_count").fetchone()[0]
         conn.execute(f"PRAGMA max_page_count={pages + 20}")
         acknowledged = []
@@ -47,6 +47,7 @@ def test_wall_clock_going_backwards_changes_no_order(buffer, monkeypatch):
     assert [r.time for r in records] == [1000.0, 2000.0, 500.0, 1500.0]
 
 
+@pytest.mark.slow
 def test_64_concurrent_writers_lose_nothing(buffer):
     ctx = mp.get_context("fork")
     go = ctx.Event()

@@ -14,6 +14,8 @@ import walbuf
 from conftest import rows_of, run_sql, run_sync
 from walbuf.integrations.lightning import WalbufLogger
 
+pytestmark = pytest.mark.slow  # real processes and syncs: not in the quick loop
+
 EXAMPLE = Path(__file__).parent.parent / "scripts" / "lightning_example.py"
 STEPS_PER_RANK = 8  # 64 samples, batches of 8, split over 2 ranks, 2 epochs
 

@@ -18,7 +18,7 @@ import walbuf
 import workers
 from conftest import by_writer
 
-pytestmark = pytest.mark.backends("sqlite", "postgresql")
+pytestmark = [pytest.mark.backends("sqlite", "postgresql"), pytest.mark.slow]
 
 START_METHODS = ["spawn", "fork", "forkserver"]
 TESTS = Path(__file__).parent

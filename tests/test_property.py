@@ -31,6 +31,7 @@ calls = st.lists(
 )
 
 
+@pytest.mark.slow
 @settings(
     max_examples=60,
     deadline=None,

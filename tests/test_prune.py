@@ -8,7 +8,7 @@ from click.testing import CliRunner
 import walbuf
 from walbuf.cli import main
 from conftest import run_sql
-from walbuf.prune import parse_age, prune
+from walbuf.ops import parse_age, prune
 
 pytestmark = pytest.mark.backends("sqlite", "postgresql")
 
@@ -75,6 +75,7 @@ def test_prune_gives_the_space_back_to_the_filesystem(buffer):
 
 
 @pytest.mark.backends("postgresql")
+@pytest.mark.slow
 def test_prune_makes_the_space_reusable_so_the_size_follows_pending_data(buffer):
     log(buffer, "a", 3000)
     mark_synced(buffer, "a", 3000)
@@ -85,7 +86,7 @@ def test_prune_makes_the_space_reusable_so_the_size_follows_pending_data(buffer)
         mark_synced(buffer, "a", ids(buffer)[-1])
         prune(buffer, older_than=0)
     log(buffer, "a", 3000, start=3000)
-    assert walbuf.storage.Storage(buffer).size() < first.bytes_before * 1.5
+    assert walbuf.open_buffer(buffer).size() < first.bytes_before * 1.5
 
 
 def test_status_after_prune_counts_what_is_left(buffer):

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import rows_of, run_sync
 
-pytestmark = pytest.mark.backends("sqlite", "postgresql")
+pytestmark = [pytest.mark.backends("sqlite", "postgresql"), pytest.mark.slow]
 
 SCRIPT = Path(__file__).parent.parent / "scripts" / "train_with_eval.py"
 

@@ -20,9 +20,10 @@ import pytest
 
 import walbuf
 from conftest import rows_of, run_sync
-from walbuf import shards
-from walbuf.doctor import doctor
-from walbuf.prune import prune
+from walbuf import doctor, prune
+from walbuf.directory.layout import ENV_HOST, ENV_ROTATE
+
+pytestmark = pytest.mark.slow  # real processes and syncs: not in the quick loop
 
 TESTS = Path(__file__).parent
 
@@ -36,15 +37,15 @@ def directory(tmp_path):
 @contextmanager
 def on_host(name):
     """Writers opened inside pick this host's shard."""
-    old = os.environ.get(shards.ENV_HOST)
-    os.environ[shards.ENV_HOST] = name
+    old = os.environ.get(ENV_HOST)
+    os.environ[ENV_HOST] = name
     try:
         yield
     finally:
         if old is None:
-            del os.environ[shards.ENV_HOST]
+            del os.environ[ENV_HOST]
         else:
-            os.environ[shards.ENV_HOST] = old
+            os.environ[ENV_HOST] = old
 
 
 def log_on(host, directory, writer, n, start=0):
@@ -58,13 +59,13 @@ def files(directory, part):
 
 
 def sync_on(server, host, directory, *args, quiet=True):
-    return run_sync(server, directory, *args, env={shards.ENV_HOST: host}, quiet=quiet)
+    return run_sync(server, directory, *args, env={ENV_HOST: host}, quiet=quiet)
 
 
 def status_on(host, directory):
     proc = subprocess.run(
         [sys.executable, "-m", "walbuf", "status", directory, "--json"],
-        capture_output=True, text=True, env={**os.environ, shards.ENV_HOST: host},
+        capture_output=True, text=True, env={**os.environ, ENV_HOST: host},
     )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
@@ -106,7 +107,7 @@ def test_a_shard_another_writer_uses_is_not_sealed(directory):
 
 
 def test_writers_move_to_a_new_shard_when_theirs_expires(directory, monkeypatch):
-    monkeypatch.setenv(shards.ENV_ROTATE, "1e-9")  # every log() finds its shard expired
+    monkeypatch.setenv(ENV_ROTATE, "1e-9")  # every log() finds its shard expired
     log_on("a", directory, "ra", 3)
     sealed = sorted((Path(directory) / "sealed").glob("a.*.db"))
     assert len(sealed) >= 3
@@ -195,7 +196,7 @@ def test_writer_processes_on_several_hosts_all_arrive_once_in_order(server, dire
     )  # no close(): atexit closes the writer, and that seals the shard
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", code, directory, f"rank-{n}"], env={**os.environ, shards.ENV_HOST: f"node{n}"}
+            [sys.executable, "-c", code, directory, f"rank-{n}"], env={**os.environ, ENV_HOST: f"node{n}"}
         )
         for n in range(3)
     ]
@@ -212,7 +213,7 @@ def test_writer_processes_on_several_hosts_all_arrive_once_in_order(server, dire
 def test_a_killed_writers_shard_is_sealed_and_sent_by_a_sync_on_its_host(server, directory):
     victim = subprocess.Popen(
         [sys.executable, str(TESTS / "writer_loop.py"), directory],
-        stdout=subprocess.PIPE, text=True, env={**os.environ, shards.ENV_HOST: "k"},
+        stdout=subprocess.PIPE, text=True, env={**os.environ, ENV_HOST: "k"},
     )
     assert victim.stdout.readline().strip() == "ready"
     acknowledged = [int(victim.stdout.readline()) for _ in range(25)]
@@ -229,7 +230,7 @@ def test_a_killed_writers_shard_is_sealed_and_sent_by_a_sync_on_its_host(server,
 def test_doctor_says_a_dead_writers_shard_needs_a_sync_on_its_host(directory):
     victim = subprocess.Popen(
         [sys.executable, str(TESTS / "writer_loop.py"), directory],
-        stdout=subprocess.PIPE, text=True, env={**os.environ, shards.ENV_HOST: "k"},
+        stdout=subprocess.PIPE, text=True, env={**os.environ, ENV_HOST: "k"},
     )
     assert victim.stdout.readline().strip() == "ready"
     victim.stdout.readline()
@@ -257,32 +258,32 @@ def test_prune_removes_ingested_shards_and_never_one_not_yet_ingested(server, di
     assert steps_of(the_run(server), "rb") == [0, 1]
 
 
-def test_an_ingest_cut_off_midway_copies_nothing_twice(directory, monkeypatch):
-    from walbuf import ingest
+def hub_cursor(directory, writer):
+    """The shard id of the last record of ``writer`` the hub holds (0: none), read with plain sqlite3."""
+    hub = sqlite3.connect(f"file:{Path(directory) / 'hub.db'}?mode=ro", uri=True)
+    try:
+        row = hub.execute("SELECT max(last_id) FROM shard_cursors WHERE writer = ?", (writer,)).fetchone()
+    finally:
+        hub.close()
+    return row[0] or 0
 
-    log_on("a", directory, "ra", 5)
-    log_on("b", directory, "rb", 5)
-    layout = shards.Layout(directory)
-    hub = ingest.open_hub(layout)
-    monkeypatch.setattr(ingest, "CHUNK", 2)
-    calls = []
 
-    def dies_on_the_third_chunk(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt  # the syncer dies while copying
-        return real(*args, **kwargs)
-
-    real = ingest._set_cursor
-    monkeypatch.setattr(ingest, "_set_cursor", dies_on_the_third_chunk)
-    with pytest.raises(KeyboardInterrupt):
-        ingest.ingest(layout, hub, "s")
-    monkeypatch.setattr(ingest, "_set_cursor", real)
-    ingest.ingest(layout, hub, "s")
-    got = [(r.writer, r.metrics["i"]) for r in hub.read()]
-    hub.dispose()
-    assert got == [("ra", i) for i in range(5)] + [("rb", i) for i in range(5)]
-    assert files(directory, "sealed") == []
+def test_an_ingest_cut_off_by_a_write_error_copies_nothing_twice(server, directory):
+    log_on("a", directory, "first", 1)
+    assert sync_on(server, "s", directory).returncode == 0  # the hub exists now
+    log_on("a", directory, "ra", 25_000)  # one sealed shard: three chunks of the hub's copy
+    # The kernel refuses to grow any file by more than ~500 KB: the first chunk
+    # (~330 KB in the hub) commits, the second fails half-written.
+    limit = (Path(directory) / "hub.db").stat().st_size + 500_000
+    proc = run_sync(
+        server, directory, env={ENV_HOST: "s"},
+        prefix=[sys.executable, str(TESTS / "file_size_limit.py"), str(limit)],
+    )
+    assert proc.returncode not in (0, 75), proc.stderr
+    assert 0 < hub_cursor(directory, "ra") < 25_000  # cut off midway
+    assert len(files(directory, "sealed")) == 1  # not moved: its records are not all in the hub
+    assert sync_on(server, "s", directory).returncode == 0
+    assert steps_of(the_run(server), "ra") == list(range(25_000))  # each once, in order
 
 
 def test_config_written_on_any_host_reaches_the_runs_config(server, directory):

@@ -14,9 +14,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 import walbuf
 from conftest import fresh_buffer
-from walbuf import wandb_adapter
+from walbuf.syncer import wandb_run as wandb_adapter
 
-pytestmark = pytest.mark.backends("sqlite", "postgresql")
+pytestmark = [pytest.mark.backends("sqlite", "postgresql"), pytest.mark.slow]
 
 WRITERS = ("rank-0", "rank-1", "eval")
 

@@ -16,7 +16,7 @@ from alembic.config import Config
 import walbuf
 import walbuf.migrations
 from conftest import buffer_exists, buffer_url, run_sql
-from walbuf import storage
+from walbuf.store import schema
 
 pytestmark = pytest.mark.backends("sqlite", "postgresql")
 
@@ -29,7 +29,7 @@ def make_buffer(buffer, records=1):
 
 def test_new_buffer_is_at_the_newest_schema_revision(buffer):
     make_buffer(buffer)
-    assert run_sql(buffer, "SELECT version_num FROM alembic_version") == [(storage.HEAD_REVISION,)]
+    assert run_sql(buffer, "SELECT version_num FROM alembic_version") == [(schema.HEAD_REVISION,)]
 
 
 def test_known_revisions_list_matches_alembics_migrations():
@@ -37,14 +37,14 @@ def test_known_revisions_list_matches_alembics_migrations():
     config.set_main_option("script_location", walbuf.migrations.__path__[0])
     script = ScriptDirectory.from_config(config)
     oldest_first = [rev.revision for rev in reversed(list(script.walk_revisions()))]
-    assert tuple(oldest_first) == storage.KNOWN_REVISIONS
+    assert tuple(oldest_first) == schema.KNOWN_REVISIONS
 
 
 def test_migrated_schema_matches_the_tables_the_code_uses(buffer):
     make_buffer(buffer)
     engine = sa.create_engine(buffer_url(buffer))
     with engine.connect() as conn:
-        diff = compare_metadata(MigrationContext.configure(conn), storage.metadata)
+        diff = compare_metadata(MigrationContext.configure(conn), schema.metadata)
     engine.dispose()
     assert diff == []
 
@@ -120,7 +120,7 @@ def test_buffer_at_an_older_revision_is_upgraded_keeping_its_records(buffer):
         buffer.parent.mkdir(parents=True)
     engine = sa.create_engine(buffer_url(buffer))
     with engine.begin() as conn:
-        storage.upgrade(conn, KNOWN_OLDEST)
+        schema.upgrade(conn, KNOWN_OLDEST)
         conn.exec_driver_sql("INSERT INTO runs (id, name, created_at) VALUES (1, 'old', 0)")
         conn.exec_driver_sql(
             "INSERT INTO writers (id, run_id, name, step_axis, host, pid, opened_at)"
@@ -131,7 +131,7 @@ def test_buffer_at_an_older_revision_is_upgraded_keeping_its_records(buffer):
     with walbuf.Writer(buffer, writer="w", run="old") as w:
         assert w.log({"a": 2}) == 5
     assert [(r.step, r.metrics) for r in walbuf.read(buffer)] == [(4, {"a": 1}), (5, {"a": 2})]
-    assert run_sql(buffer, "SELECT version_num FROM alembic_version") == [(storage.HEAD_REVISION,)]
+    assert run_sql(buffer, "SELECT version_num FROM alembic_version") == [(schema.HEAD_REVISION,)]
 
 
-KNOWN_OLDEST = storage.KNOWN_REVISIONS[0]
+KNOWN_OLDEST = schema.KNOWN_REVISIONS[0]

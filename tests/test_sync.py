@@ -20,7 +20,7 @@ import pytest
 import walbuf
 from conftest import rows_of, run_sql, run_sync
 
-pytestmark = pytest.mark.backends("sqlite", "postgresql")
+pytestmark = [pytest.mark.backends("sqlite", "postgresql"), pytest.mark.slow]
 
 TESTS = Path(__file__).parent
 
@@ -258,8 +258,7 @@ def test_missing_buffer_exits_66(server, tmp_path):
 
 def test_second_syncer_exits_at_once_with_its_own_code(server, buffer):
     log_records(buffer, "w", 1)
-    storage = walbuf.storage.Storage(buffer)
-    holder = storage.lock("sync")
+    holder = walbuf.open_buffer(buffer).sync_lock()
     assert holder.acquire(timeout=0)
     try:
         start = time.monotonic()
@@ -269,7 +268,6 @@ def test_second_syncer_exits_at_once_with_its_own_code(server, buffer):
         assert time.monotonic() - start < 30
     finally:
         holder.release()
-        storage.dispose()
     assert server.runs == {}
 
 
@@ -284,8 +282,11 @@ def test_wait_lets_a_second_syncer_run_after_the_first(server, buffer):
         [sys.executable, "-m", "walbuf", "sync", str(buffer), "--wait", "120"],
         env={**os.environ, **server.env()},
         stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
     )
+    # The second says it waits (once it found the lock taken); only then may the first finish.
+    assert "waiting up to 120s" in second.stderr.readline()
     server.release_uploads()
     assert first.wait(timeout=120) == 0
     out, _ = second.communicate(timeout=120)
@@ -368,14 +369,20 @@ def test_library_sync_reports_what_it_sent(in_process, buffer):
     assert (result.records, run.per_writer, run.possibly_duplicated) == (5, {"rank-0": 3, "rank-1": 2}, 0)
     assert (run.target.project, run.target.entity) == ("proj", "ent")
     assert len(server.run(run.target.wandb_id).history) == 5
-    assert walbuf.sync(buffer).runs == []
+    assert walbuf.sync(buffer).runs == ()
 
 
-def test_max_seconds_stops_sending_and_the_rest_waits(in_process, buffer):
-    log_records(buffer, "w", 50)
-    first = walbuf.sync(buffer, max_seconds=1e-6)  # spent before the first record
-    assert first.records == 0 and walbuf.status(buffer).runs[0].pending == 50
-    assert walbuf.sync(buffer).records == 50
+def test_max_seconds_stops_sending_once_spent_and_the_rest_waits(in_process, buffer):
+    log_records(buffer, "w", 300)
+    budget = 10.0  # seconds: more than wandb takes to start
+
+    def spend_the_budget(sent):
+        time.sleep(budget)  # after the first rows: the deadline has passed, whatever the machine
+
+    first = walbuf.sync(buffer, max_seconds=budget, progress=spend_the_budget)
+    assert first.records == walbuf.syncer.upload.PROGRESS_EVERY  # stopped at the next record
+    assert walbuf.status(buffer).runs[0].pending == 300 - first.records
+    assert walbuf.sync(buffer).records == 300 - first.records
     assert walbuf.status(buffer).runs[0].pending == 0
 
 

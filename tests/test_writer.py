@@ -10,7 +10,7 @@ import threading
 import pytest
 
 import walbuf
-from conftest import buffer_exists, by_writer, record_count, run_sql
+from conftest import buffer_exists, by_writer, record_count, run_sql, walbuf_says
 
 pytestmark = pytest.mark.backends("sqlite", "postgresql")
 
@@ -118,18 +118,20 @@ def test_writer_id_is_free_again_after_close(buffer):
 
 def test_wait_lets_a_writer_take_over_an_id_when_its_holder_closes(buffer):
     holder = walbuf.Writer(buffer, writer="w")
-    go = threading.Event()
+    opened = []
 
-    def close_when_told():
-        go.wait()
+    def successor():
+        with walbuf.Writer(buffer, writer="w", wait=60) as w:
+            opened.append(w.log({"a": 1}))
+
+    with walbuf_says("'w' of run 'default' is open elsewhere; waiting up to 60s") as waits:
+        thread = threading.Thread(target=successor)
+        thread.start()
+        assert waits.wait(timeout=60)  # it found the id taken, and waits
+        assert opened == []
         holder.close()
-
-    thread = threading.Thread(target=close_when_told)
-    thread.start()
-    go.set()
-    with walbuf.Writer(buffer, writer="w", wait=30) as successor:
-        successor.log({"a": 1})
-    thread.join()
+        thread.join()
+    assert opened == [0]
 
 
 def test_existing_writer_with_another_step_axis_is_refused(buffer):
@@ -180,14 +182,14 @@ def test_buffer_is_in_wal_mode(buffer):
 @pytest.mark.parametrize("durability, level", [("normal", 1), ("fsync", 2)])
 def test_durability_sets_sqlite_synchronous(buffer, durability, level):
     with walbuf.Writer(buffer, writer="w", durability=durability) as w:
-        assert w._appender._cursor.connection.execute("PRAGMA synchronous").fetchone()[0] == level
+        assert w._open.appender._cursor.connection.execute("PRAGMA synchronous").fetchone()[0] == level
 
 
 @pytest.mark.backends("postgresql")
 @pytest.mark.parametrize("durability, level", [("normal", "off"), ("fsync", "on")])
 def test_durability_sets_postgresql_synchronous_commit(buffer, durability, level):
     with walbuf.Writer(buffer, writer="w", durability=durability) as w:
-        assert w._appender.connection.execute("SHOW synchronous_commit").fetchone()[0] == level
+        assert w._open.appender.connection.execute("SHOW synchronous_commit").fetchone()[0] == level
 
 
 def test_unknown_durability_is_refused(buffer):

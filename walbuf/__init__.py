@@ -8,22 +8,32 @@ Public API::
     @walbuf.logged("runs/exp1.db", writer="eval", step_axis="eval_step")
     def evaluate(checkpoint) -> dict: ...
     for record in walbuf.read("runs/exp1.db"): ...
-    walbuf.sync("runs/exp1.db")            # what `walbuf sync` does
-    walbuf.status("runs/exp1.db")          # what `walbuf status` shows
+    walbuf.sync("runs/exp1.db")            # `walbuf sync`
+    walbuf.status("runs/exp1.db")          # `walbuf status`
+    walbuf.prune("runs/exp1.db", older_than=7 * 86400)   # `walbuf prune`
+    walbuf.doctor("runs/exp1.db")          # `walbuf doctor`
+
+Every function that takes a buffer takes a path, a URL, or a Buffer that
+:func:`open_buffer` resolved.
 """
 
+from .buffer import Buffer, DatabaseBuffer, Location, open_buffer, read
 from .decorator import logged
+from .directory import DirectoryBuffer
 from .errors import (
-    ConfigError,
+    ArgumentTypeError,
     BufferBusyError,
     BufferCorruptError,
     BufferFullError,
     BufferNotFoundError,
     BufferNotWritableError,
     BufferUnavailableError,
+    ConfigError,
     MetricTypeError,
     MetricValueError,
+    NotABufferError,
     NoWriterError,
+    SchemaOutdatedError,
     SchemaTooNewError,
     StepOrderError,
     StorageError,
@@ -34,41 +44,76 @@ from .errors import (
     WriterClosedError,
     WriterConflictError,
 )
+from .ops import (
+    BufferStatus,
+    DoctorReport,
+    Finding,
+    PruneResult,
+    RunStatus,
+    ShardStatus,
+    SyncStatus,
+    WriterStatus,
+    doctor,
+    prune,
+    status,
+)
 from .record import Record, Value
-from .status import BufferStatus, RunStatus, SyncStatus, WriterStatus, status
-from .storage import read
-from .syncer import RunSync, SyncResult, sync
-from .writer import Writer, default_writer_id, init, log
+from .settings import WriterSettings, default_writer_id
+from .store import Durability, Target
+from .syncer import ConfigChange, RunSync, SyncMode, SyncResult, sync
+from .writer import Writer, init, log
 
 __version__ = "0.1.0"
 
 __all__ = [
+    # writing
     "init",
     "log",
     "logged",
+    "Writer",
+    "WriterSettings",
+    "Durability",
+    "default_writer_id",
+    # reading and operations
+    "open_buffer",
+    "Buffer",
+    "DatabaseBuffer",
+    "DirectoryBuffer",
+    "Location",
     "read",
+    "Record",
+    "Value",
     "sync",
-    "status",
+    "SyncMode",
     "SyncResult",
     "RunSync",
+    "ConfigChange",
+    "Target",
+    "status",
     "BufferStatus",
     "RunStatus",
     "WriterStatus",
     "SyncStatus",
-    "Writer",
-    "Record",
-    "Value",
-    "default_writer_id",
+    "ShardStatus",
+    "prune",
+    "PruneResult",
+    "doctor",
+    "DoctorReport",
+    "Finding",
+    # errors
     "WalbufError",
     "ConfigError",
+    "ArgumentTypeError",
     "StorageError",
     "BufferNotFoundError",
+    "NotABufferError",
     "BufferUnavailableError",
     "BufferNotWritableError",
     "BufferCorruptError",
     "BufferBusyError",
     "BufferFullError",
     "SchemaTooNewError",
+    "SchemaOutdatedError",
     "MetricTypeError",
     "MetricValueError",
     "StepOrderError",

@@ -1,9 +1,14 @@
-"""The `walbuf` command: a thin skin over the library. It parses arguments and calls walbuf."""
+"""The `walbuf` and `walbuf-cron` commands: a thin skin over the library.
+
+Each command parses its arguments, calls one library function, and formats
+the result. Errors become one line on stderr and an exit code from
+:mod:`walbuf.exitcodes`, never a traceback.
+"""
 
 from __future__ import annotations
 
 import json
-import os
+import logging
 import sys
 import time
 from collections.abc import Iterator
@@ -12,64 +17,28 @@ from typing import Any
 
 import click
 
-from . import __version__
-from .errors import (
-    BufferCorruptError,
-    BufferNotFoundError,
-    BufferNotWritableError,
-    BufferUnavailableError,
-    ConfigError,
-    SchemaTooNewError,
-    SyncLockedError,
-    TargetConflictError,
-    UploadError,
-    WalbufError,
-)
-from .doctor import doctor as examine
-from .prune import parse_age, prune as prune_buffer
-from .status import status as buffer_status
-from .storage import read
-from .syncer import RunSync, sync as sync_buffer
+from . import __version__, exitcodes
+from .buffer import read
+from .errors import WalbufError
+from .ops import doctor as examine
+from .ops import parse_age
+from .ops import prune as prune_buffer
+from .ops import status as buffer_status
+from .record import Record
+from .syncer import RunSync, SyncResult
+from .syncer import sync as sync_buffer
 
-# Exit codes (sysexits.h where one fits); README and --help list them.
-EXIT_OK = 0
-EXIT_ERROR = 1  # any other walbuf error
-EXIT_USAGE = 2  # bad arguments (click's own code)
-EXIT_LOCKED = 11  # another syncer holds the buffer (EAGAIN: try again later)
-EXIT_DATAERR = 65  # buffer corrupt, or written by a newer walbuf
-EXIT_NOINPUT = 66  # buffer does not exist
-EXIT_UNAVAILABLE = 69  # the buffer's PostgreSQL server cannot be reached
-EXIT_NOPERM = 77  # this process may not write the buffer
-EXIT_TEMPFAIL = 75  # W&B unreachable or failed: nothing advanced, the next sync retries
-EXIT_CONFIG = 78  # unusable setting, or one that conflicts with the buffer
+EXIT_HELP = exitcodes.help_text()
+CRON_MAX_SECONDS = 540.0  # ends each sync before the next one of a 10-minute crontab starts
 
-EXIT_CODES: list[tuple[type[WalbufError], int]] = [
-    (SyncLockedError, EXIT_LOCKED),
-    (UploadError, EXIT_TEMPFAIL),
-    (BufferNotFoundError, EXIT_NOINPUT),
-    (BufferUnavailableError, EXIT_UNAVAILABLE),
-    (BufferNotWritableError, EXIT_NOPERM),
-    (BufferCorruptError, EXIT_DATAERR),
-    (SchemaTooNewError, EXIT_DATAERR),
-    (ConfigError, EXIT_CONFIG),
-    (TargetConflictError, EXIT_CONFIG),
-    (WalbufError, EXIT_ERROR),
-]
 
-EXIT_HELP = """\b
-Exit codes:
-  0   success (or nothing to do)
-  1   other error (the message says what to do)
-  2   bad command-line usage
-  11  another walbuf sync of this buffer is running
-  65  buffer is corrupt or from a newer walbuf
-  66  buffer does not exist
-  69  the buffer's PostgreSQL server cannot be reached; retry later
-  75  W&B unreachable or failed: nothing was marked synced; retry later
-  77  this process may not write the buffer (reading works)
-  78  unusable setting, missing or refused W&B credentials,
-      or a setting that conflicts with what the buffer holds
-"""
+def _say_what_walbuf_waits_for() -> None:
+    """Print walbuf's own notes (it waits for a lock, say) on stderr, as "walbuf: ..." lines."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("walbuf: %(message)s"))
+    logger = logging.getLogger("walbuf")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
 
 
 @contextmanager
@@ -78,9 +47,8 @@ def _errors() -> Iterator[None]:
     try:
         yield
     except WalbufError as exc:
-        code = next(code for kind, code in EXIT_CODES if isinstance(exc, kind))
         click.echo(f"walbuf: error: {exc}", err=True)
-        sys.exit(code)
+        sys.exit(exitcodes.for_error(exc).code)
 
 
 @click.group(epilog=EXIT_HELP)
@@ -89,7 +57,7 @@ def main() -> None:
     """walbuf: a local write-ahead-log buffer for experiment metrics, synced to W&B."""
 
 
-def _json_line(record: Any) -> str:
+def _json_line(record: Record) -> str:
     return json.dumps(
         {
             "run": record.run,
@@ -111,7 +79,7 @@ def records(buffer: str, run: str | None, writer: str | None, limit: int | None)
     """Print the records in BUFFER as JSON lines, in the order they were logged.
 
     NaN and infinities are printed as NaN, Infinity, -Infinity (as Python's
-    json module reads them).
+    json module reads them). Reading changes nothing.
     """
     with _errors():
         for n, record in enumerate(read(buffer, run=run, writer=writer)):
@@ -126,56 +94,53 @@ def _target_text(run: RunSync) -> str:
     return f"{where}/{t.wandb_id or '(new run id)'}"
 
 
-@main.command(epilog=EXIT_HELP)
-@click.argument("buffer")
-@click.option("--run", "run_name", metavar="NAME", help="Sync only this walbuf run (default: every run with pending records).")
-@click.option("--project", help="W&B project (stored in the buffer at the first sync).")
-@click.option("--entity", help="W&B entity (stored in the buffer at the first sync).")
-@click.option("--run-id", help="W&B run id (default: the one stored, else a new one, then stored).")
-@click.option(
-    "--mode",
-    type=click.Choice(["online", "offline"]),
-    default="online",
-    show_default=True,
-    help="online: upload to W&B. offline: write a wandb offline run directory for `wandb sync`.",
-)
-@click.option("--dir", "directory", type=click.Path(file_okay=False), help="Where --mode offline writes (default: BUFFER.wandb/).")
-@click.option("--max-records", type=click.IntRange(min=1), help="Send at most this many records; the rest waits for the next sync.")
-@click.option("--max-seconds", type=click.FloatRange(min=0, min_open=True), help="Stop sending after this many seconds.")
-@click.option("--wait", type=click.FloatRange(min=0), default=0, help="Wait this many seconds for another running sync of BUFFER (default: exit 11 at once).")
-@click.option("--dry-run", is_flag=True, help="Say what would be sent; send and change nothing.")
-@click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors (for cron).")
-def sync(
-    buffer: str,
-    run_name: str | None,
-    project: str | None,
-    entity: str | None,
-    run_id: str | None,
-    mode: str,
-    directory: str | None,
-    max_records: int | None,
-    max_seconds: float | None,
-    wait: float,
-    dry_run: bool,
-    quiet: bool,
-) -> None:
-    """Replay BUFFER's records not yet synced into W&B, one shared-mode run per walbuf run.
+def _sync_options(command: Any) -> Any:
+    """The options of `walbuf sync`, which `walbuf-cron` takes too."""
+    options = [
+        click.argument("buffer"),
+        click.option(
+            "--run", "run_name", metavar="NAME", help="Sync only this walbuf run (default: every run with pending records)."
+        ),
+        click.option("--project", help="W&B project (stored in the buffer at the first sync)."),
+        click.option("--entity", help="W&B entity (stored in the buffer at the first sync)."),
+        click.option("--run-id", help="W&B run id (default: the one stored, else a new one, then stored)."),
+        click.option(
+            "--mode",
+            type=click.Choice(["online", "offline"]),
+            default="online",
+            show_default=True,
+            help="online: upload to W&B. offline: write a wandb offline run directory for `wandb sync`.",
+        ),
+        click.option(
+            "--dir", "directory", type=click.Path(file_okay=False), help="Where --mode offline writes (default: BUFFER.wandb/)."
+        ),
+        click.option(
+            "--max-records", type=click.IntRange(min=1), help="Send at most this many records; the rest waits for the next sync."
+        ),
+        click.option("--max-seconds", type=click.FloatRange(min=0, min_open=True), help="Stop sending after this many seconds."),
+        click.option(
+            "--wait",
+            type=click.FloatRange(min=0),
+            default=0,
+            help="Wait this many seconds for another running sync of BUFFER (default: exit 11 at once).",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
 
-    A record is marked synced only after W&B confirmed its upload. In W&B,
-    writer W's metric K is logged as W/K, on the step axis W/<step_axis>.
-    """
-    # A wandb-using parent passes its wandb service down in WANDB_SERVICE. A
-    # syncer that joined it and was then killed would leave its run open in
-    # that service, and every later sync would fail with "run ID is in use":
-    # each `walbuf sync` runs its own.
-    os.environ.pop("WANDB_SERVICE", None)
-    bar: Any = None
 
-    def on_run(run: RunSync) -> None:
-        nonlocal bar
-        if quiet:
+class _Progress:
+    """What `walbuf sync` prints while it works (on stderr): each run, and a progress bar."""
+
+    def __init__(self, quiet: bool, dry_run: bool) -> None:
+        self.quiet, self.dry_run = quiet, dry_run
+        self.bar: Any = None
+
+    def on_run(self, run: RunSync) -> None:
+        if self.quiet:
             return
-        verb = "would send" if dry_run else "sending"
+        verb = "would send" if self.dry_run else "sending"
         writers = ", ".join(f"{w} {n}" for w, n in run.per_writer.items())
         click.echo(f"{run.run} -> {_target_text(run)}: {verb} {run.records} records ({writers})", err=True)
         if run.possibly_duplicated:
@@ -184,43 +149,66 @@ def sync(
                 " W&B may now hold those twice",
                 err=True,
             )
-        if bar is not None:
-            bar.__exit__(None, None, None)
-        bar = None if dry_run else click.progressbar(length=run.records, file=sys.stderr, label="  uploading")
-        if bar is not None:
-            bar.__enter__()
+        self.close()
+        if not self.dry_run:
+            self.bar = click.progressbar(length=run.records, file=sys.stderr, label="  uploading")
+            self.bar.__enter__()
 
-    def progress(n: int) -> None:
-        if bar is not None:
-            bar.update(n)
+    def progress(self, n: int) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
 
-    with _errors():
-        try:
-            result = sync_buffer(
-                buffer,
-                run=run_name,
-                project=project,
-                entity=entity,
-                run_id=run_id,
-                mode=mode,
-                directory=directory,
-                max_records=max_records,
-                max_seconds=max_seconds,
-                wait=wait,
-                dry_run=dry_run,
-                progress=progress,
-                on_run=on_run,
-            )
-        finally:
-            if bar is not None:
-                bar.__exit__(None, None, None)
-    for run in result.runs:  # a warning: printed even with --quiet
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
+
+
+def _run_sync(options: dict[str, Any], *, dry_run: bool, quiet: bool) -> SyncResult:
+    """Call walbuf.sync with the command's options; print its warnings (even when quiet)."""
+    shown = _Progress(quiet, dry_run)
+    try:
+        result = sync_buffer(
+            options["buffer"],
+            run=options["run_name"],
+            project=options["project"],
+            entity=options["entity"],
+            run_id=options["run_id"],
+            mode=options["mode"],
+            directory=options["directory"],
+            max_records=options["max_records"],
+            max_seconds=options["max_seconds"],
+            wait=options["wait"],
+            dry_run=dry_run,
+            progress=shown.progress,
+            on_run=shown.on_run,
+        )
+    finally:
+        shown.close()
+    for run in result.runs:
         for c in run.config_changes:
             click.echo(
                 f"walbuf: warning: run {run.run}: config {c.key!r} was {c.old_value!r} (from {c.old_writer})"
                 f" and was set again to {c.new_value!r} (by {c.new_writer}): W&B gets the later value",
                 err=True,
             )
+    return result
+
+
+@main.command(epilog=EXIT_HELP)
+@_sync_options
+@click.option("--dry-run", is_flag=True, help="Say what would be sent; send and change nothing.")
+@click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors and warnings (for cron).")
+def sync(dry_run: bool, quiet: bool, **options: Any) -> None:
+    """Replay BUFFER's records not yet synced into W&B, one shared-mode run per walbuf run.
+
+    A record is marked synced only after W&B confirmed its upload. In W&B,
+    writer W's metric K is logged as W/K, on the step axis W/<step_axis>.
+    """
+    if not quiet:
+        _say_what_walbuf_waits_for()
+    with _errors():
+        result = _run_sync(options, dry_run=dry_run, quiet=quiet)
     if quiet:
         return
     if not result.runs and not result.not_in_hub:
@@ -242,11 +230,38 @@ def sync(
         )
 
 
+@click.command(epilog=EXIT_HELP)
+@click.version_option(__version__, prog_name="walbuf-cron")
+@_sync_options
+def cron(**options: Any) -> None:
+    """Run one bounded `walbuf sync BUFFER --quiet` from cron, and log one line about it.
+
+    Takes the options of `walbuf sync`; --max-seconds defaults to 540, which
+    ends a sync before the next one of a 10-minute crontab starts. What a
+    later run can fix by itself (W&B or the buffer's server unreachable,
+    another sync still running) is logged and exits 0; anything else keeps
+    its exit code, so that cron mails it. Install it with walbuf and give
+    cron its full path: it needs nothing on cron's PATH.
+    """
+    if options["max_seconds"] is None:
+        options["max_seconds"] = CRON_MAX_SECONDS
+    buffer = options["buffer"]
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        result = _run_sync(options, dry_run=False, quiet=True)
+    except WalbufError as exc:
+        code = exitcodes.for_error(exc)
+        then = "will retry" if code.retry else "needs a person"
+        click.echo(f"{stamp} walbuf sync {buffer}: exit {code.code}, {then}: {exc}")
+        sys.exit(0 if code.retry else code.code)
+    click.echo(f"{stamp} walbuf sync {buffer}: ok, {result.records} records synced")
+
+
 @main.command(epilog=EXIT_HELP)
 @click.argument("buffer")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: per run and writer, records and pending counts.")
 def status(buffer: str, as_json: bool) -> None:
-    """Show BUFFER's runs, writers, records, pending records and last sync."""
+    """Show BUFFER's runs, writers, records, pending records and last sync. Changes nothing."""
     with _errors():
         report = buffer_status(buffer)
     if as_json:
@@ -255,7 +270,9 @@ def status(buffer: str, as_json: bool) -> None:
     click.echo(f"buffer {report.buffer}")
     for shard in report.shards:
         created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(shard.created_at))
-        waiting = "not readable from this host" if shard.not_in_hub is None else f"{shard.not_in_hub} records not yet in the hub"
+        waiting = (
+            "not readable from this host" if shard.not_in_hub is None else f"{shard.not_in_hub} records not yet in the hub"
+        )
         click.echo(f"shard {shard.shard} ({shard.state}, since {created}): {waiting}")
     if not report.runs:
         click.echo("  no runs yet")
@@ -279,7 +296,9 @@ def status(buffer: str, as_json: bool) -> None:
 
 @main.command(epilog=EXIT_HELP)
 @click.argument("buffer")
-@click.option("--older-than", required=True, metavar="AGE", help="Only records logged longer ago than this: 90s, 30m, 12h, 7d, 2w.")
+@click.option(
+    "--older-than", required=True, metavar="AGE", help="Only records logged longer ago than this: 90s, 30m, 12h, 7d, 2w."
+)
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors.")
 def prune(buffer: str, older_than: str, quiet: bool) -> None:
     """Delete BUFFER's synced records older than AGE, then reclaim the space.
@@ -301,7 +320,7 @@ def prune(buffer: str, older_than: str, quiet: bool) -> None:
 def doctor(buffer: str) -> None:
     """Check BUFFER: integrity, journal mode, schema, pending records, syncs cut off or failed.
 
-    Exits 1 if something needs a person, and says what to do.
+    Changes nothing. Exits 1 if something needs a person, and says what to do.
     """
     with _errors():
         report = examine(buffer)
@@ -311,4 +330,4 @@ def doctor(buffer: str) -> None:
         if f.advice:
             click.echo(f"        -> {f.advice}")
     if not report.healthy:
-        sys.exit(EXIT_ERROR)
+        sys.exit(exitcodes.ERROR.code)

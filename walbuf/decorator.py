@@ -2,64 +2,92 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
+import time
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from .buffer import Buffer, Location
+from .directory import DirectoryBuffer
+from .directory.lease import Lease
+from .settings import WriterSettings
 from .writer import Writer
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from .settings import WriterOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 DEFAULT_WAIT = 60.0
 
 
-def logged(
-    buffer: str | os.PathLike[str] | None = None,
-    *,
-    writer: str | None = None,
-    step_axis: str | None = None,
-    run: str | None = None,
-    durability: str = "normal",
-    wait: float = DEFAULT_WAIT,
-    project: str | None = None,
-    entity: str | None = None,
-    run_id: str | None = None,
-) -> Callable[[F], F]:
+def logged(buffer: Location | None = None, **options: Unpack[WriterOptions]) -> Callable[[F], F]:
     """Log the dict a function returns as one record; other return values pass through.
 
-    The settings are those of :func:`walbuf.init`, resolved at each call in
-    the process that makes it, so a decorated function sent to a process pool
-    logs from the worker. Each call opens the writer, logs, and closes it:
-    calls from several processes with the same writer id take turns (waiting
-    up to ``wait`` seconds) and append to one stream, each call one step.
+    The settings are those of :class:`walbuf.Writer` (``wait`` defaults to
+    60 seconds here), resolved at each call in the process that makes it, so
+    a decorated function sent to a process pool logs from the worker. Each
+    call opens the writer, logs, and closes it: calls from several processes
+    with the same writer id take turns (waiting up to ``wait`` seconds) and
+    append to one stream, each call one step.
 
     Each call's record gets the writer's next step (last step plus one), in
     the order the calls finish. To plot against another quantity, return it
     as a metric (``{"train_step": 40, "eval/accuracy": 0.9}``). The dict is
     returned to the caller unchanged. If the function raises, or the dict is
     invalid, nothing is logged and the error propagates.
+
+    On a directory buffer, a process that logs through the decorator keeps
+    using its host's live shard between calls (until the rotation age, or
+    until it exits), so that many short calls share one shard.
     """
+    options.setdefault("wait", DEFAULT_WAIT)
 
     def decorate(fn: F) -> F:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             result = fn(*args, **kwargs)
             if isinstance(result, Mapping):
-                with Writer(
-                    buffer,
-                    writer=writer,
-                    step_axis=step_axis,
-                    run=run,
-                    durability=durability,
-                    wait=wait,
-                    project=project,
-                    entity=entity,
-                    run_id=run_id,
-                ) as w:
+                settings = WriterSettings.resolve(buffer, **options)
+                _keep_shard(settings.buffer)
+                with Writer.from_settings(settings) as w:
                     w.log(result)
             return result
 
-        return wrapper  # type: ignore[return-value]
+        return cast(F, wrapper)  # functools.wraps keeps fn's signature
 
     return decorate
+
+
+# The shard this process keeps using, per directory buffer: (pid, lease).
+_kept: dict[Path, tuple[int, Lease]] = {}
+
+
+def _keep_shard(buffer: Buffer) -> None:
+    """On a directory buffer: hold this host's live shard between calls (see logged)."""
+    if not isinstance(buffer, DirectoryBuffer):
+        return
+    held = _kept.get(buffer.root)
+    if held is not None:
+        pid, lease = held
+        if pid != os.getpid():
+            lease.abandon()  # the parent's: forked with it, not ours to release
+        elif time.time() < lease.expires:
+            return
+        else:
+            lease.release()  # expired: sealed if no writer uses it
+        del _kept[buffer.root]
+    _kept[buffer.root] = (os.getpid(), buffer.hold_shard())
+
+
+@atexit.register
+def _release_kept() -> None:
+    for pid, lease in _kept.values():
+        if pid == os.getpid():
+            lease.release()
+    _kept.clear()

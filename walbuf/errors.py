@@ -21,6 +21,10 @@ class MetricValueError(WalbufError, ValueError):
     """A metric key is unusable (empty, duplicated by flattening, reserved). Nothing was written."""
 
 
+class ArgumentTypeError(WalbufError, TypeError):
+    """An argument of the wrong type: a step that is not an int, a setting walbuf does not know. Nothing was written."""
+
+
 class StepOrderError(WalbufError, ValueError):
     """An explicit step is smaller than the writer's last step. Nothing was written."""
 
@@ -46,11 +50,22 @@ class ConfigError(WalbufError, ValueError):
 
 
 class BufferCorruptError(StorageError):
-    """The buffer file is not a walbuf database or is damaged."""
+    """The buffer's file is damaged, or is not a database at all."""
+
+
+class NotABufferError(StorageError):
+    """The location holds something else: a database of another application, a directory that is not a directory buffer.
+
+    Nothing there was changed.
+    """
 
 
 class SchemaTooNewError(StorageError):
     """The buffer was written by a newer walbuf; this one will not touch it."""
+
+
+class SchemaOutdatedError(StorageError):
+    """The buffer has an older schema, and reading it may not upgrade it: write it once (walbuf sync, a writer)."""
 
 
 class BufferFullError(StorageError):
@@ -89,6 +104,7 @@ __all__ = [
     "WalbufError",
     "MetricTypeError",
     "MetricValueError",
+    "ArgumentTypeError",
     "StepOrderError",
     "StorageError",
     "BufferNotFoundError",
@@ -96,7 +112,9 @@ __all__ = [
     "BufferNotWritableError",
     "ConfigError",
     "BufferCorruptError",
+    "NotABufferError",
     "SchemaTooNewError",
+    "SchemaOutdatedError",
     "BufferBusyError",
     "BufferFullError",
     "WriterConflictError",

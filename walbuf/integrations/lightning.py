@@ -13,6 +13,7 @@ imports neither lightning nor torch.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from argparse import Namespace
 from collections.abc import Mapping
@@ -22,6 +23,8 @@ from lightning_fabric.utilities.logger import _convert_params, _sanitize_callabl
 from pytorch_lightning.loggers.logger import Logger
 from pytorch_lightning.utilities import rank_zero_only
 
+from ..settings import WriterSettings
+from ..store import Durability
 from ..writer import Writer
 
 _PLAIN = (int, float, bool, str, type(None))
@@ -57,16 +60,22 @@ class WalbufLogger(Logger):
         project: str | None = None,
         entity: str | None = None,
         run_id: str | None = None,
-        durability: str = "normal",
+        durability: Durability = "normal",
     ) -> None:
         super().__init__()
-        self._buffer = os.fspath(buffer) if buffer is not None else os.environ.get("WALBUF_BUFFER", "")
-        self._run = run or os.environ.get("WALBUF_RUN") or "default"
+        # Resolved here, in the launcher: the buffer's path is made absolute
+        # against its working directory, and the run comes from its environment.
+        self._settings = WriterSettings.resolve(
+            buffer,
+            run=run,
+            step_axis=step_axis,
+            durability=durability,
+            project=project,
+            entity=entity,
+            run_id=run_id,
+        )
         self._writer_template = writer or "rank-{rank}"
-        self._step_axis = step_axis
         self._rank_zero_only = rank_zero_only
-        self._target = {"project": project, "entity": entity, "run_id": run_id}
-        self._durability = durability
         self._writer: Writer | None = None
 
     # -- Logger's properties ------------------------------------------------------
@@ -74,7 +83,7 @@ class WalbufLogger(Logger):
     @property
     def name(self) -> str:
         """The walbuf run."""
-        return self._run
+        return self._settings.run
 
     @property
     def version(self) -> str:
@@ -87,14 +96,7 @@ class WalbufLogger(Logger):
         if not self._writes():
             return None
         if self._writer is None or self._writer.closed:
-            self._writer = Writer(
-                self._buffer,
-                writer=self.version,
-                step_axis=self._step_axis,
-                run=self._run,
-                durability=self._durability,
-                **self._target,
-            )
+            self._writer = Writer.from_settings(dataclasses.replace(self._settings, writer=self.version))
         return self._writer
 
     # -- what Lightning calls -------------------------------------------------------

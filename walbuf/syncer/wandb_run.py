@@ -14,16 +14,18 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, UploadError
-from .storage import Target
+from ..errors import ConfigError, UploadError
+from ..store import Target
+from .results import SyncMode
 
 
 class WandbRun:
     """One upload into the W&B run ``target`` (the syncer's only view of wandb)."""
 
-    def __init__(self, target: Target, name: str, mode: str, directory: Path) -> None:
+    def __init__(self, target: Target, name: str, mode: SyncMode, directory: Path) -> None:
         import wandb
 
+        _own_service_only()
         self.mode = mode
         shared = mode == "online"
         settings = wandb.Settings(
@@ -107,6 +109,26 @@ class WandbRun:
         failure = _upload_failure(self._run)
         if failure is not None:
             raise UploadError(f"W&B did not accept the upload: {failure}")
+
+
+def _own_service_only() -> None:
+    """Never join a wandb service that another process started.
+
+    A wandb-using process passes its service down to its children in
+    WANDB_SERVICE (its token names the process that started it). A sync
+    that joined a parent's service and was then killed would leave its run
+    open in that service, and every later sync of the run would fail with
+    "run ID is in use". So a sync in a process that did not start the
+    service named there forgets it, and wandb starts one of its own. (In
+    a process that already uses wandb itself, wandb keeps the service it
+    has; this only matters for one that has not.)
+    """
+    token = os.environ.get("WANDB_SERVICE")
+    if token is None:
+        return
+    parts = token.split("-")
+    if len(parts) < 2 or parts[1] != str(os.getpid()):
+        del os.environ["WANDB_SERVICE"]
 
 
 def _escape(key: str) -> str:

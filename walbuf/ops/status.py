@@ -1,18 +1,20 @@
-"""What a buffer holds: runs, writers, record and pending counts, the last sync."""
+"""`walbuf status`: what a buffer holds: runs, writers, record and pending counts, the last sync."""
 
 from __future__ import annotations
 
-import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
 
 import sqlalchemy as sa
 
-from . import ingest, shards
-from .errors import BufferNotFoundError
-from .storage import Storage, records, runs, syncs, writers
+from ..buffer import Location, open_buffer
+from ..directory import DirectoryBuffer
+from ..store.schema import records, runs, syncs, writers
+
+SyncState = Literal["running", "ok", "failed", "interrupted"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class WriterStatus:
     writer: str
     step_axis: str
@@ -24,9 +26,9 @@ class WriterStatus:
     opened_at: float
 
 
-@dataclass
+@dataclass(frozen=True)
 class SyncStatus:
-    status: str  # "running", "ok", "failed" or "interrupted"
+    status: SyncState
     mode: str
     started_at: float
     finished_at: float | None
@@ -34,7 +36,7 @@ class SyncStatus:
     message: str | None
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunStatus:
     run: str
     wandb_id: str | None
@@ -42,66 +44,61 @@ class RunStatus:
     entity: str | None
     records: int
     pending: int
-    writers: list[WriterStatus]
+    writers: tuple[WriterStatus, ...]
     last_sync: SyncStatus | None
 
 
-@dataclass
+@dataclass(frozen=True)
 class ShardStatus:
     """A shard of a directory buffer that the hub has not taken in whole."""
 
     shard: str  # HOST.GEN
     host: str
-    state: str  # "live" or "sealed"
+    state: Literal["live", "sealed"]
     created_at: float
     not_in_hub: int | None  # records the next sync copies into the hub; None: another host's live shard
 
 
-@dataclass
+@dataclass(frozen=True)
 class BufferStatus:
     buffer: str
-    runs: list[RunStatus]
+    runs: tuple[RunStatus, ...]
     # Of a directory buffer: its shards not yet ingested. Runs are the hub's.
-    shards: list[ShardStatus] = field(default_factory=list)
+    shards: tuple[ShardStatus, ...] = ()
 
-    def to_dict(self) -> dict[str, object]:
-        """Plain data for JSON: per run and writer at least ``records`` and ``pending``."""
-        return asdict(self)
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for JSON (dicts, lists, str, numbers, None): per run and writer at least ``records`` and ``pending``."""
+        return _plain(asdict(self))
 
 
-def status(buffer: str | os.PathLike[str]) -> BufferStatus:
-    """Read a buffer's status in one snapshot. Never creates a buffer (BufferNotFoundError).
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
-    Of a directory buffer: the hub's runs, and the shards whose records are
-    not all in the hub yet (the next sync on a host that can read them
-    copies them in).
+
+def status(buffer: Location) -> BufferStatus:
+    """Read a buffer's status in one snapshot. Never creates or changes anything.
+
+    Of a directory buffer: the hub's runs (none before its first sync), and
+    the shards whose records are not all in the hub yet (the next sync on a
+    host that can read them copies them in).
     """
-    if shards.is_directory(buffer):
-        return _directory_status(shards.Layout(buffer))
-    storage = Storage(buffer, create=False)
-    try:
-        with storage.begin_read() as conn:
-            return BufferStatus(storage.location, read_runs(conn))
-    finally:
-        storage.dispose()
-
-
-def _directory_status(layout: shards.Layout) -> BufferStatus:
-    if not layout.root.is_dir():
-        raise BufferNotFoundError(f"no buffer at {layout.root}")
+    located = open_buffer(buffer)
     run_status: list[RunStatus] = []
-    if layout.hub.exists():
-        hub = ingest.open_hub(layout, create=False)
-        try:
-            with hub.begin_read() as conn:
-                run_status = read_runs(conn)
-        finally:
-            hub.dispose()
-    backlog = [
-        ShardStatus(shard.id, shard.host, shard.state, shard.gen / 1e9, count)
-        for shard, count in ingest.backlog(layout, shards.host_name())
-    ]
-    return BufferStatus(str(layout.root), run_status, backlog)
+    storage = located.open_store("read")
+    if storage is not None:
+        with storage, storage.begin_read() as conn:
+            run_status = read_runs(conn)
+    shard_status: list[ShardStatus] = []
+    if isinstance(located, DirectoryBuffer):
+        shard_status = [
+            ShardStatus(e.shard.id, e.shard.host, "live" if e.shard.state == "live" else "sealed", e.shard.gen / 1e9, e.not_in_hub)
+            for e in located.backlog()
+        ]
+    return BufferStatus(located.location, tuple(run_status), tuple(shard_status))
 
 
 def read_runs(conn: sa.Connection) -> list[RunStatus]:
@@ -148,7 +145,7 @@ def read_runs(conn: sa.Connection) -> list[RunStatus]:
                 entity=run.entity,
                 records=sum(w.records for w in members),
                 pending=sum(w.pending for w in members),
-                writers=members,
+                writers=tuple(members),
                 last_sync=None
                 if last is None
                 else SyncStatus(

@@ -1,0 +1,194 @@
+"""What a buffer location is: the one place that tells a database from a directory buffer.
+
+:func:`open_buffer` turns what a user gives (a path, a ``sqlite:///`` or
+``postgresql+psycopg://`` URL, a directory) into a :data:`Buffer`, and is
+the only code that raises "there is no buffer here". A Buffer is a resolved
+location, cheap to make and picklable; it opens connections only when asked
+(:meth:`open_store`, :meth:`open_segment`), and what it opens for reading
+never creates or changes anything.
+
+Two kinds:
+
+- :class:`DatabaseBuffer`: one database, a SQLite file (for the processes of
+  one host) or PostgreSQL (for writers on many hosts).
+- :class:`~walbuf.directory.DirectoryBuffer`: a directory on shared storage
+  with a SQLite shard per host, brought together in a hub at sync.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, Union
+
+import sqlalchemy as sa
+
+from .directory import DirectoryBuffer
+from .directory.buffer import check_directory
+from .errors import BufferNotFoundError, ConfigError, NotABufferError
+from .record import Record
+from .store import Access, Durability, Storage
+from .store.backend import Backend, Lock
+from .store.postgresql import PostgresBackend
+from .store.sqlite import SQLiteBackend
+
+
+class Segment(Protocol):
+    """Where the writers of one process append now: a Storage, until :attr:`expires` (a wall-clock time)."""
+
+    storage: Storage
+    expires: float
+
+    def last_step_before(self, run: str, writer: str) -> int | None:
+        """The writer's last step in parts of the buffer this segment does not hold (None: none)."""
+
+    def release(self) -> None:
+        """Close the storage and let go of the segment."""
+
+    def abandon(self) -> None:
+        """In a forked child: let go without touching what the parent still uses."""
+
+
+@dataclass(frozen=True)
+class DatabaseBuffer:
+    """A buffer that is one database: a SQLite file, or a PostgreSQL database (or schema)."""
+
+    backend: Backend
+
+    @property
+    def location(self) -> str:
+        """For messages: the file's path, or the URL without its password."""
+        return self.backend.location
+
+    @property
+    def path(self) -> Path | None:
+        """The SQLite file; None for PostgreSQL."""
+        return self.backend.path if isinstance(self.backend, SQLiteBackend) else None
+
+    def open_store(self, access: Access) -> Storage:
+        """The database, opened with ``access`` (see walbuf.store.backend.Access)."""
+        return Storage(self.backend, access=access)
+
+    def sync_lock(self) -> Lock:
+        """The lock only one syncer of the buffer holds (taken by the caller)."""
+        return self.backend.lock("sync")
+
+    def sync_running(self) -> bool:
+        """Whether a syncer holds the sync lock now. Changes nothing."""
+        return self.backend.lock_held("sync")
+
+    def open_for_sync(self) -> Storage:
+        """The database sync uploads from. The caller holds the sync lock."""
+        return Storage(self.backend, access="write")
+
+    def records(self, run: str | None = None, writer: str | None = None) -> Iterator[Record]:
+        """Every record (of one run / writer if given), in the order logged, from one snapshot."""
+        with self.open_store("read") as storage:
+            yield from storage.read(run=run, writer=writer)
+
+    def size(self) -> int:
+        """Bytes the buffer takes."""
+        with self.open_store("read") as storage:
+            return storage.size()
+
+    def open_segment(self, durability: Durability) -> DatabaseSegment:
+        return DatabaseSegment(Storage(self.backend, access="create", durability=durability))
+
+
+class DatabaseSegment:
+    """A writer's segment of a database buffer: the whole database, for as long as the writer lives."""
+
+    expires = float("inf")
+
+    def __init__(self, storage: Storage) -> None:
+        self.storage = storage
+
+    def last_step_before(self, run: str, writer: str) -> int | None:
+        return None  # the database holds every record of the writer
+
+    def release(self) -> None:
+        self.storage.close()
+
+    def abandon(self) -> None:
+        self.storage.abandon()
+
+
+Buffer = Union[DatabaseBuffer, DirectoryBuffer]
+"""A buffer location, as :func:`open_buffer` resolved it."""
+
+Location = Union[str, "os.PathLike[str]", DatabaseBuffer, DirectoryBuffer]
+"""What walbuf's functions take as a buffer: a path, a URL, or a Buffer."""
+
+
+def open_buffer(location: Location, *, create: bool = False) -> Buffer:
+    """Resolve ``location`` into a Buffer; nothing is created or changed.
+
+    - A ``postgresql+psycopg://`` URL: a PostgreSQL buffer.
+    - A ``sqlite:///`` URL, or a path that is not a directory: a SQLite file.
+    - An existing directory, or a path ending in "/": a directory buffer.
+
+    Without ``create`` (reading, syncing, pruning) the buffer must exist:
+    a missing path raises BufferNotFoundError, a directory that is not a
+    directory buffer NotABufferError naming what it holds. With ``create``
+    (a writer), a missing path is fine (the writer makes it) and so is an
+    empty directory. Whether a database holds a walbuf buffer is checked
+    when it is opened (NotABufferError then too). A bad URL or an empty
+    location raises ConfigError.
+    """
+    if isinstance(location, (DatabaseBuffer, DirectoryBuffer)):
+        return location
+    text = os.fspath(location)
+    if not isinstance(text, str) or not text:
+        raise ConfigError("no buffer given: pass a path or set WALBUF_BUFFER")
+    if "://" in text:
+        return _from_url(text, create)
+    path = Path(text).expanduser().absolute()
+    if text.endswith(os.sep) or path.is_dir():
+        check_directory(path, create=create)
+        return DirectoryBuffer(path)
+    return _sqlite_file(path, create)
+
+
+def _from_url(text: str, create: bool) -> Buffer:
+    try:
+        url = sa.make_url(text)
+    except sa.exc.ArgumentError as exc:
+        raise ConfigError(f"buffer {text!r} is not a valid SQLAlchemy URL: {exc}") from None
+    kind = url.get_backend_name()
+    if kind == "postgresql":
+        return DatabaseBuffer(PostgresBackend(url))
+    if kind != "sqlite":
+        raise ConfigError(
+            f"buffer {url.render_as_string()!r}: walbuf stores buffers in SQLite or PostgreSQL;"
+            " give a file path, a directory, a sqlite:/// URL or a postgresql+psycopg:// URL"
+        )
+    if url.database in (None, "", ":memory:") or url.query.get("mode") == "memory":
+        raise ConfigError(
+            f"buffer {url.render_as_string()!r} is an in-memory database, which other"
+            " processes cannot see; give a file path"
+        )
+    path = Path(url.database).expanduser().absolute()
+    if path.is_dir():
+        raise NotABufferError(f"buffer {text!r} names a directory; give it as a path for a directory buffer")
+    return _sqlite_file(path, create)
+
+
+def _sqlite_file(path: Path, create: bool) -> DatabaseBuffer:
+    if not create and not path.exists():
+        raise BufferNotFoundError(f"no buffer at {path}")
+    return DatabaseBuffer(SQLiteBackend(path))
+
+
+def read(buffer: Location, *, run: str | None = None, writer: str | None = None) -> Iterator[Record]:
+    """Yield the records in a buffer (of one run / writer if given), in the order logged.
+
+    Reads one consistent snapshot: records committed after the first one is
+    yielded are not included. Never creates or changes anything: a missing
+    buffer raises BufferNotFoundError, something that is not a walbuf buffer
+    NotABufferError. Of a directory buffer: the records of its hub, then
+    those of each shard this host can read (every sealed one, its own live
+    ones) that the hub lacks; another host's live shard is not read.
+    """
+    yield from open_buffer(buffer).records(run=run, writer=writer)

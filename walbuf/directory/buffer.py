@@ -1,0 +1,217 @@
+"""A directory buffer: one SQLite shard per host on shared storage, brought together in a hub.
+
+SQLite's WAL mode works only for processes on one host (its index is shared
+memory), and shared storage (NFS, Lustre, GPFS) spans hosts. A directory
+buffer gives each host its own shards (:mod:`.lease`), and no process ever
+opens another host's live shard. `walbuf sync` seals what nobody uses on its
+host and copies every shard it may read into the hub (:mod:`.ingest`), then
+uploads the hub as it would a one-file buffer.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import BufferNotFoundError, NotABufferError
+from ..record import Record, decode
+from ..store import Access, Durability, Storage
+from ..store.backend import Lock
+from ..store.sqlite import SQLiteBackend
+from .ingest import hub_cursors, ingest, pending_in
+from .layout import MARKER, Layout, Shard, host_name
+from .lease import Lease, seal_idle
+from .shard import ShardReader, last_step
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """A shard whose records the hub does not hold yet."""
+
+    shard: Shard
+    # Records the next sync on this host copies into the hub; None: another
+    # host's live shard, which this host may not read.
+    not_in_hub: int | None
+
+
+@dataclass(frozen=True)
+class DirectoryBuffer:
+    """A directory buffer at ``root`` (an absolute path). Made by :func:`walbuf.open_buffer`."""
+
+    root: Path
+
+    @property
+    def location(self) -> str:
+        return str(self.root)
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.root)
+
+    def _hub(self) -> SQLiteBackend:
+        # Several hosts open the hub in turn: a rollback journal, not WAL.
+        return SQLiteBackend(self.layout.hub, locks=self.layout.locks, journal="delete")
+
+    def open_store(self, access: Access) -> Storage | None:
+        """The hub; None if no sync has made it yet (only "create" makes it)."""
+        if access != "create" and not self.layout.hub.exists():
+            return None
+        if access == "create":
+            self.layout.make()
+        return Storage(self._hub(), access=access, durability="fsync")
+
+    def sync_lock(self) -> Lock:
+        return self._hub().lock("sync")
+
+    def sync_running(self) -> bool:
+        """Whether a syncer holds the sync lock now. Changes nothing."""
+        return self._hub().lock_held("sync")
+
+    def open_for_sync(self) -> Storage:
+        """Seal this host's live shards that nobody uses, copy every shard this host may read into the hub, and open it.
+
+        The caller holds the sync lock.
+        """
+        hub = self.open_store("create")
+        assert hub is not None
+        try:
+            host = host_name()
+            seal_idle(self.layout, host)
+            ingest(self.layout, hub, host)
+        except BaseException:
+            hub.close()
+            raise
+        return hub
+
+    def records(self, run: str | None = None, writer: str | None = None) -> Iterator[Record]:
+        """The records this host can see: the hub's, then what the hub lacks of each shard it may read."""
+        hub = self.open_store("read")
+        try:
+            if hub is not None:
+                yield from hub.read(run=run, writer=writer)
+            for shard in self.layout.readable_shards(host_name()):
+                cursors = _cursors(hub, shard)
+                with ShardReader.of(shard) as reader:
+                    found = reader.writers()
+                    after = {w.id: cursors.get((w.run, w.name), 0) for w in found.values()}
+                    for chunk in reader.records_after(after):
+                        for _, w, step, wall_time, metrics in chunk:
+                            owner = found[w]
+                            if run in (None, owner.run) and writer in (None, owner.name):
+                                yield Record(owner.run, owner.name, step, wall_time, decode(metrics))
+        finally:
+            if hub is not None:
+                hub.close()
+
+    def backlog(self) -> list[Backlog]:
+        """Each shard not yet ingested, with how many of its records the hub lacks. Reads only."""
+        host = host_name()
+        hub = self.open_store("read")
+        try:
+            out = []
+            for shard in self.layout.shards():
+                if shard.state == "ingested":
+                    continue
+                if shard.state == "live" and shard.host != host:
+                    out.append(Backlog(shard, None))
+                    continue
+                out.append(Backlog(shard, self.not_in_hub(shard, hub)))
+            return out
+        finally:
+            if hub is not None:
+                hub.close()
+
+    def not_in_hub(self, shard: Shard, hub: Storage | None) -> int:
+        """How many of a shard's records ``hub`` (this buffer's, open; None: not made yet) lacks."""
+        with ShardReader.of(shard) as reader:
+            return pending_in(reader, _cursors(hub, shard))
+
+    def remove_ingested(self, older_than: float) -> int:
+        """Delete the ingested shards sealed more than ``older_than`` seconds ago (the hub holds their records)."""
+        cutoff = time.time() - older_than
+        removed = 0
+        for shard in self.layout.shards("ingested"):
+            # A sealed shard is last written when sealed: its records are older.
+            if shard.path.stat().st_mtime < cutoff:
+                shard.path.unlink()
+                removed += 1
+        return removed
+
+    def size(self) -> int:
+        """Bytes of every file in the buffer."""
+        return sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file())
+
+    def open_segment(self, durability: Durability) -> ShardSegment:
+        return ShardSegment(self.layout, host_name(), durability)
+
+    def hold_shard(self) -> Lease:
+        """Use this host's current live shard (so that it is not sealed) until the lease is released."""
+        return Lease(self.layout, host_name())
+
+
+def _cursors(hub: Storage | None, shard: Shard) -> dict[tuple[str, str], int]:
+    return hub_cursors(hub, shard.id) if hub is not None else {}
+
+
+class ShardSegment:
+    """Where a writer of this process appends: its host's live shard, under a lease."""
+
+    def __init__(self, layout: Layout, host: str, durability: Durability) -> None:
+        self._layout = layout
+        self._lease = Lease(layout, host)
+        try:
+            self.storage = Storage(
+                SQLiteBackend(self._lease.path, locks=layout.locks), access="create", durability=durability
+            )
+        except BaseException:
+            self._lease.release()
+            raise
+        self.expires = self._lease.expires
+
+    def last_step_before(self, run: str, writer: str) -> int | None:
+        """The writer's last step in this host's older shards or in the hub."""
+        return last_step(self._layout, self._lease.host, run, writer, before=self._lease.gen)
+
+    def release(self) -> None:
+        """Close the shard's storage and stop using it; it is sealed if nobody else uses it."""
+        self.storage.close()
+        self._lease.release()
+
+    def abandon(self) -> None:
+        """In a forked child: leave the parent's connection and flock alone."""
+        self.storage.abandon()
+        self._lease.abandon()
+
+
+def check_directory(root: Path, *, create: bool) -> None:
+    """Raise unless ``root`` is a directory buffer, or (with ``create``) a directory that may become one.
+
+    Missing: BufferNotFoundError, unless ``create``. A directory that holds
+    other things than a directory buffer: NotABufferError, naming them.
+    Changes nothing.
+    """
+    if not root.exists():
+        if create:
+            return
+        raise BufferNotFoundError(f"no buffer at {root}")
+    if not root.is_dir():
+        raise NotABufferError(f"{root} is a file, not a directory: give it without the trailing '/'")
+    names = sorted(os.listdir(root))
+    if Layout(root).is_buffer() or (create and not names):
+        return
+    if not names:
+        raise BufferNotFoundError(f"no buffer at {root}: it is an empty directory")
+    buffers = [n for n in names if n.endswith(".db") and (root / n).is_file()]
+    if root.name.endswith(".locks") and root.with_name(root.name[: -len(".locks")]).is_file():
+        what = f"it is the lock folder of the buffer {root.with_name(root.name[: -len('.locks')])}: give that"
+    elif buffers:
+        what = "it holds " + ", ".join(buffers[:8]) + ": give one of those as the buffer"
+    else:
+        what = "it holds " + ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+    raise NotABufferError(
+        f"{root} is a directory, but not a walbuf directory buffer (it has no {MARKER} file);"
+        f" {what} (nothing was changed)"
+    )

@@ -1,0 +1,152 @@
+"""The ingest: copies the records of a directory buffer's shards into its hub.
+
+The hub (``BUFFER/hub.db``) is a walbuf buffer like any other, which
+`walbuf sync` then uploads with its cursors, targets and sync log. Processes
+of several hosts open it in turn, so it keeps a rollback journal (not WAL)
+and synchronous=FULL; only a syncer holding the buffer's sync lock writes it.
+
+For each shard, run and writer, the hub stores the shard's id of the last
+record it copied (``shard_cursors``), in the same transaction as the copies:
+a syncer killed mid-ingest leaves the hub as it was before that transaction,
+and the next one copies from there. Nothing is copied twice.
+
+Which shards: every sealed one, from any host, and the syncer's own host's
+live ones (read in one snapshot, while their writers go on). A sealed shard
+whose records are all in the hub moves to ``ingested/``, where
+`walbuf prune` removes it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+from ..store import Storage
+from ..store.schema import config_entries, records, shard_cursors
+from .layout import Layout, Shard
+from .shard import ShardReader, ShardRecord, ShardWriter
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    records: int  # copied into the hub now
+    shards: int  # shards read
+
+
+def ingest(layout: Layout, hub: Storage, host: str) -> IngestResult:
+    """Copy what the hub lacks of every shard ``host`` may read. The caller holds the sync lock."""
+    copied = read = 0
+    for shard in layout.readable_shards(host):
+        copied += _ingest_shard(hub, shard)
+        read += 1
+        if shard.state == "sealed":
+            os.replace(shard.path, layout.ingested / shard.path.name)
+    return IngestResult(copied, read)
+
+
+def _ingest_shard(hub: Storage, shard: Shard) -> int:
+    with ShardReader.of(shard) as reader:
+        found = reader.writers()
+        if not found:
+            return 0
+        cursors = hub_cursors(hub, shard.id)
+        hub_ids = {}
+        for w in found.values():
+            hub_ids[w.id], _ = hub.register_writer(w.run, w.name, w.step_axis, w.host, w.pid, w.target)
+        copied = 0
+        for chunk in reader.records_after(_after(found, cursors)):
+            _copy_chunk(hub, shard.id, found, hub_ids, cursors, chunk)
+            copied += len(chunk)
+        _ingest_config(reader, hub, shard.id, found, hub_ids)
+        return copied
+
+
+def _after(found: dict[int, ShardWriter], cursors: dict[tuple[str, str], int]) -> dict[int, int]:
+    """Each shard writer's cursor: the shard's id of its last record in the hub."""
+    return {w.id: cursors.get((w.run, w.name), 0) for w in found.values()}
+
+
+def pending_in(reader: ShardReader, cursors: dict[tuple[str, str], int]) -> int:
+    """How many of the shard's records the hub lacks, given the hub's cursors of that shard."""
+    found = reader.writers()
+    return sum(len(chunk) for chunk in reader.records_after(_after(found, cursors)))
+
+
+def _copy_chunk(
+    hub: Storage,
+    shard_id: str,
+    found: dict[int, ShardWriter],
+    hub_ids: dict[int, int],
+    cursors: dict[tuple[str, str], int],
+    chunk: list[ShardRecord],
+) -> None:
+    """One chunk of records and the cursors that cover it, in one hub transaction."""
+    with hub.begin_write() as conn:
+        conn.execute(
+            records.insert(),
+            [{"writer_id": hub_ids[w], "step": s, "time": t, "metrics": m} for _, w, s, t, m in chunk],
+        )
+        reached: dict[int, int] = {}
+        for record_id, w, *_ in chunk:
+            reached[w] = record_id
+        for w, last_id in reached.items():
+            key = (found[w].run, found[w].name)
+            _set_cursor(conn, shard_id, key, known=key in cursors, last_id=last_id)
+            cursors[key] = last_id
+
+
+def _ingest_config(
+    reader: ShardReader, hub: Storage, shard_id: str, found: dict[int, ShardWriter], hub_ids: dict[int, int]
+) -> None:
+    """The shard's config entries the hub lacks, with their cursor, in one transaction."""
+    entries = reader.config_entries()
+    if not entries:
+        return
+    with hub.begin_write() as conn:
+        done = {
+            (run, writer): config_id
+            for run, writer, config_id in conn.execute(
+                sa.select(shard_cursors.c.run, shard_cursors.c.writer, shard_cursors.c.config_id).where(
+                    shard_cursors.c.shard == shard_id
+                )
+            )
+        }
+        reached: dict[tuple[str, str], int] = {}
+        for entry in entries:
+            owner = found[entry.writer_id]
+            key = (owner.run, owner.name)
+            if entry.id > done.get(key, 0):
+                conn.execute(
+                    config_entries.insert().values(
+                        writer_id=hub_ids[entry.writer_id],
+                        kind=entry.kind,
+                        key=entry.key,
+                        value=entry.value,
+                        time=entry.time,
+                    )
+                )
+                reached[key] = entry.id
+        for key, entry_id in reached.items():
+            _set_cursor(conn, shard_id, key, known=key in done, config_id=entry_id)
+
+
+def hub_cursors(hub: Storage, shard_id: str) -> dict[tuple[str, str], int]:
+    """(run, writer) -> the shard's id of the last record of it the hub holds."""
+    with hub.begin_read() as conn:
+        rows = conn.execute(
+            sa.select(shard_cursors.c.run, shard_cursors.c.writer, shard_cursors.c.last_id).where(
+                shard_cursors.c.shard == shard_id
+            )
+        )
+        return {(run, writer): last_id for run, writer, last_id in rows}
+
+
+def _set_cursor(conn: sa.Connection, shard_id: str, key: tuple[str, str], *, known: bool, **values: int) -> None:
+    run, writer = key
+    if known:
+        where = sa.and_(shard_cursors.c.shard == shard_id, shard_cursors.c.run == run, shard_cursors.c.writer == writer)
+        conn.execute(shard_cursors.update().where(where).values(**values))
+    else:
+        conn.execute(shard_cursors.insert().values(shard=shard_id, run=run, writer=writer, **{"last_id": 0, **values}))

@@ -1,0 +1,89 @@
+"""The exit codes of the `walbuf` command, defined once: the CLI's help, README and `walbuf-cron` use this table.
+
+The codes follow sysexits.h where one fits. ``retry`` marks what a later
+attempt can fix by itself (an outage, a busy lock): `walbuf-cron` logs those
+and exits 0; anything else keeps its code so that cron mails it.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+
+from .errors import (
+    BufferCorruptError,
+    BufferNotFoundError,
+    BufferNotWritableError,
+    BufferUnavailableError,
+    ConfigError,
+    NotABufferError,
+    SchemaOutdatedError,
+    SchemaTooNewError,
+    SyncLockedError,
+    TargetConflictError,
+    UploadError,
+    WalbufError,
+)
+
+
+@dataclass(frozen=True)
+class ExitCode:
+    code: int
+    meaning: str
+    retry: bool = False  # a later attempt may succeed without a person
+
+
+OK = ExitCode(0, "success, or nothing to sync")
+ERROR = ExitCode(1, "other walbuf error (the message says what to do); for `doctor`: something needs a person")
+USAGE = ExitCode(2, "bad command-line usage")
+LOCKED = ExitCode(11, "another `walbuf sync` of this buffer is running", retry=True)
+DATAERR = ExitCode(
+    65, "the buffer is corrupt, not a walbuf buffer, or at a schema this walbuf cannot read without changing it"
+)
+NOINPUT = ExitCode(66, "the buffer does not exist")
+UNAVAILABLE = ExitCode(69, "the buffer's PostgreSQL server cannot be reached; retry later", retry=True)
+TEMPFAIL = ExitCode(75, "W&B unreachable or failed: nothing was marked synced; retry later", retry=True)
+NOPERM = ExitCode(77, "this process may not write the buffer: `records`, `status` and `doctor` still read it")
+CONFIG = ExitCode(
+    78,
+    "an unusable setting, missing or refused W&B credentials,"
+    " or a setting that conflicts with what the buffer holds",
+)
+
+EXIT_CODES: tuple[ExitCode, ...] = (OK, ERROR, USAGE, LOCKED, DATAERR, NOINPUT, UNAVAILABLE, TEMPFAIL, NOPERM, CONFIG)
+
+# Most specific first: the first class an error is an instance of decides.
+_FOR_ERROR: tuple[tuple[type[WalbufError], ExitCode], ...] = (
+    (SyncLockedError, LOCKED),
+    (UploadError, TEMPFAIL),
+    (BufferNotFoundError, NOINPUT),
+    (BufferUnavailableError, UNAVAILABLE),
+    (BufferNotWritableError, NOPERM),
+    (BufferCorruptError, DATAERR),
+    (NotABufferError, DATAERR),
+    (SchemaTooNewError, DATAERR),
+    (SchemaOutdatedError, DATAERR),
+    (ConfigError, CONFIG),
+    (TargetConflictError, CONFIG),
+    (WalbufError, ERROR),
+)
+
+
+def for_error(exc: WalbufError) -> ExitCode:
+    """The exit code the CLI ends with for ``exc``."""
+    return next(code for kind, code in _FOR_ERROR if isinstance(exc, kind))
+
+
+def help_text() -> str:
+    """The table as the CLI's --help shows it."""
+    lines = ["\b", "Exit codes:"]
+    for c in EXIT_CODES:
+        lines += textwrap.wrap(c.meaning, 72, initial_indent=f"  {c.code:<3} ", subsequent_indent=" " * 6)
+    return "\n".join(lines) + "\n"
+
+
+def markdown_table() -> str:
+    """The table as README shows it (a test keeps the two the same)."""
+    lines = ["| code | meaning |", "|---|---|"]
+    lines += [f"| {c.code} | {c.meaning} |" for c in EXIT_CODES]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,289 @@
+"""`walbuf doctor`: check a buffer and say what, if anything, needs a person.
+
+Checks a SQLite file's integrity (SQLite's integrity_check) and journal mode,
+or that a PostgreSQL server answers; then the schema revision, what is
+pending, and the log of syncs: an upload that a dead syncer left "running"
+(its records will be sent again, maybe twice), or a last sync that failed.
+Of a directory buffer, also each shard not yet in the hub. Writer and sync
+locks are kernel file locks (in PostgreSQL, advisory locks of a session),
+released when their process dies, so they cannot go stale.
+
+Doctor changes nothing; it needs only read access.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from ..buffer import DatabaseBuffer, Location, open_buffer
+from ..directory import DirectoryBuffer
+from ..directory.layout import Shard, host_name, rotate_seconds
+from ..directory.lease import in_use
+from ..errors import BufferNotFoundError, NotABufferError, StorageError
+from ..store import Storage
+from ..store.backend import Backend
+from ..store.schema import HEAD_REVISION, KNOWN_REVISIONS, syncs
+from ..store.sqlite import SQLiteBackend
+from .status import read_runs
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One check: what was checked, whether it is fine, what was found, and what to do."""
+
+    check: str
+    ok: bool
+    detail: str
+    advice: str = ""
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    buffer: str
+    findings: tuple[Finding, ...]
+
+    @property
+    def healthy(self) -> bool:
+        """True when nothing needs a person."""
+        return all(f.ok for f in self.findings)
+
+
+def doctor(buffer: Location) -> DoctorReport:
+    """Examine ``buffer``; what needs a person is a finding that is not ok.
+
+    Raises BufferNotFoundError if there is no buffer, NotABufferError if
+    the location holds something else (a database of another application,
+    a directory that is not a directory buffer).
+    """
+    located = open_buffer(buffer)
+    findings: list[Finding] = []
+    if isinstance(located, DirectoryBuffer):
+        _directory(findings, located)
+    else:
+        _database(findings, located)
+    return DoctorReport(located.location, tuple(findings))
+
+
+def _database(findings: list[Finding], buffer: DatabaseBuffer) -> None:
+    backend = buffer.backend
+    if isinstance(backend, SQLiteBackend):
+        readable, revision = _file_findings(findings, backend.path)
+    else:
+        readable, revision = True, _server_findings(findings, backend)
+    if readable:
+        _contents(findings, revision, buffer)
+
+
+def _contents(findings: list[Finding], revision: str | None, buffer: DatabaseBuffer | DirectoryBuffer) -> None:
+    """Schema, runs and syncs, read from the database sync uploads from."""
+    add = findings.append
+    if revision is not None and revision not in KNOWN_REVISIONS:
+        add(Finding("schema", False, f"revision {revision}, newer than {HEAD_REVISION}", "upgrade walbuf"))
+        return
+    if revision is not None and revision != HEAD_REVISION:
+        add(
+            Finding(
+                "schema",
+                True,
+                f"revision {revision}, older than this walbuf's {HEAD_REVISION}: the next walbuf sync"
+                " or writer upgrades it (doctor changes nothing, so it reads no further)",
+            )
+        )
+        return
+    add(Finding("schema", True, f"revision {revision or 'none yet'} (this walbuf: {HEAD_REVISION})"))
+    try:
+        storage = buffer.open_store("read")
+        if storage is None:
+            return
+        with storage:
+            _sync_findings(findings, storage, buffer)
+    except (NotABufferError, BufferNotFoundError):
+        raise
+    except StorageError as exc:
+        add(Finding("contents", False, str(exc), "see the message"))
+
+
+def _directory(findings: list[Finding], buffer: DirectoryBuffer) -> None:
+    """The hub as a one-file buffer (in rollback-journal mode), then each shard not yet ingested."""
+    add = findings.append
+    layout = buffer.layout
+    if layout.hub.exists():
+        readable, revision = _file_findings(findings, layout.hub, journal="delete")
+        if readable:
+            _contents(findings, revision, buffer)
+    else:
+        add(Finding("hub", True, "none yet: the first walbuf sync makes it"))
+    host, age = host_name(), rotate_seconds()
+    now = time.time()
+    try:
+        hub = buffer.open_store("read")
+    except StorageError:
+        return  # reported above; what the shards add to it cannot be counted
+    try:
+        for shard in layout.shards():
+            if shard.state != "ingested":
+                add(_shard_finding(buffer, shard, hub, host, age, now))
+    finally:
+        if hub is not None:
+            hub.close()
+
+
+def _shard_finding(
+    buffer: DirectoryBuffer, shard: Shard, hub: Storage | None, host: str, age: float, now: float
+) -> Finding:
+    name = f"shard {shard.id}"
+    if shard.state == "live" and shard.host != host:
+        if now > shard.gen / 1e9 + 2 * age:
+            return Finding(
+                name,
+                False,
+                f"live on {shard.host} for longer than twice the rotation age ({age:g}s):"
+                " its writers there may have died, or hang",
+                f"on {shard.host}, run walbuf sync (it seals shards nobody uses) or check its writers",
+            )
+        return Finding(name, True, f"live on {shard.host}")
+    if shard.state == "sealed":
+        damage = _integrity(shard)
+        if damage:
+            return Finding(
+                name,
+                False,
+                "sealed, damaged: " + damage,
+                f"copy {shard.path} aside and recover it with `sqlite3 FILE .recover`, then put the copy in its place",
+            )
+    try:
+        waiting = buffer.not_in_hub(shard, hub)
+    except StorageError as exc:
+        return Finding(name, False, str(exc), "see the message")
+    if shard.state == "sealed":
+        return Finding(name, True, f"sealed, {waiting} records not in the hub yet")
+    if not in_use(shard.path):
+        return Finding(
+            name,
+            False,
+            f"live, {waiting} records not in the hub, and no process uses it (its writers died)",
+            "run walbuf sync on this host: it seals the shard and copies its records in",
+        )
+    return Finding(name, True, f"in use on this host, {waiting} records not in the hub")
+
+
+def _integrity(shard: Shard) -> str:
+    """What SQLite's integrity check finds wrong with a sealed shard ("" if nothing)."""
+    conn = sqlite3.connect(f"file:{shard.path}?mode=ro&immutable=1", uri=True)
+    try:
+        result = conn.execute("PRAGMA integrity_check").fetchall()
+    except sqlite3.DatabaseError as exc:
+        result = [(str(exc),)]
+    finally:
+        conn.close()
+    return "" if result == [("ok",)] else "; ".join(r[0] for r in result[:3])
+
+
+def _file_findings(findings: list[Finding], path: Path, journal: str = "wal") -> tuple[bool, str | None]:
+    """Integrity and journal mode of a SQLite file; (whether it could be read, its schema revision)."""
+    add = findings.append
+    # Plain sqlite3, read-only: a damaged or too-new file must still be examined.
+    # Without a -wal the file holds everything: read it immutable, which needs
+    # no -shm (that a reader without write access could not create).
+    immutable = "" if Path(f"{path}-wal").exists() else "&immutable=1"
+    conn = sqlite3.connect(f"file:{path}?mode=ro{immutable}", uri=True)
+    try:
+        try:
+            result = conn.execute("PRAGMA integrity_check").fetchall()
+        except sqlite3.DatabaseError as exc:
+            add(Finding("integrity", False, str(exc), "restore the buffer from a copy; it is not readable"))
+            return False, None
+        ok = result == [("ok",)]
+        add(
+            Finding(
+                "integrity",
+                ok,
+                "ok" if ok else "; ".join(r[0] for r in result[:5]),
+                "" if ok else "copy the buffer aside, then `sqlite3 BUFFER .recover` into a new file",
+            )
+        )
+        mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+        if immutable:
+            # An immutable connection reports no WAL; the file header says (bytes 18-19: 2 = WAL).
+            with open(path, "rb") as file:
+                mode = "wal" if file.read(20)[18:20] == b"\x02\x02" else mode
+        add(
+            Finding(
+                "journal mode",
+                mode == journal,
+                mode,
+                ""
+                if mode == journal
+                else f"with no process using it, switch it back: sqlite3 {path} 'PRAGMA journal_mode={journal}'",
+            )
+        )
+        try:
+            row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+        except sqlite3.OperationalError:
+            row = None
+    finally:
+        conn.close()
+    return True, row[0] if row else None
+
+
+def _server_findings(findings: list[Finding], backend: Backend) -> str | None:
+    """The server of a PostgreSQL buffer (it checks its own pages); the schema revision."""
+    engine = backend.engine("normal", busy_timeout=10, access="read")
+    try:
+        with engine.connect() as conn:
+            version = conn.exec_driver_sql("SHOW server_version").scalar()
+            schema = conn.exec_driver_sql("SELECT current_schema()").scalar()
+            revision = None
+            if sa.inspect(conn).has_table("alembic_version"):
+                revision = conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar()
+    except sa.exc.DBAPIError as exc:
+        raise backend.error(exc.orig) from exc
+    finally:
+        engine.dispose()
+    findings.append(Finding("server", True, f"PostgreSQL {version}, schema {schema}"))
+    return revision
+
+
+def _sync_findings(findings: list[Finding], storage: Storage, buffer: DatabaseBuffer | DirectoryBuffer) -> None:
+    add = findings.append
+    with storage.begin_read() as conn:
+        run_status = read_runs(conn)
+        running = list(
+            conn.execute(
+                sa.select(syncs.c.id, syncs.c.host, syncs.c.pid, syncs.c.records).where(syncs.c.status == "running")
+            )
+        )
+    for run in run_status:
+        add(Finding(f"run {run.run}", True, f"{run.records} records, {run.pending} pending"))
+        last = run.last_sync
+        if last is not None and last.status == "failed":
+            add(
+                Finding(
+                    f"run {run.run} last sync",
+                    False,
+                    f"failed: {last.message}",
+                    "fix what the message says, or wait for W&B to be reachable; then walbuf sync",
+                )
+            )
+    try:
+        live = buffer.sync_running()
+    except PermissionError:
+        add(Finding("sync lock", True, "not examined: this process may not read the buffer's lock files"))
+        return
+    if live:
+        add(Finding("sync lock", True, "held: a walbuf sync is running now"))
+        return
+    for entry in running:
+        add(
+            Finding(
+                "interrupted sync",
+                False,
+                f"sync {entry.id} (process {entry.pid} on {entry.host}) died during an upload of {entry.records} records",
+                "run walbuf sync: it sends those records again, and W&B may then hold some of them twice",
+            )
+        )

@@ -1,0 +1,98 @@
+"""`walbuf prune`: delete records that are synced and old, then give the space back.
+
+Never deletes a record W&B has not confirmed (id above its writer's cursor),
+and never the newest record of the buffer: SQLite gives a new row the largest
+id plus one, so keeping that row keeps ids growing and cursors sound
+(PostgreSQL's sequence never reuses ids either way). A
+writer whose records are all pruned remembers its last step (pruned_step),
+so its steps never restart.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+from ..buffer import Location, open_buffer
+from ..directory import DirectoryBuffer
+from ..errors import ConfigError
+from ..store import Storage
+from ..store.schema import records, writers
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_age(text: str) -> float:
+    """'90s', '30m', '12h', '7d', '2w' -> seconds. Raises ConfigError otherwise."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text)
+    if not match:
+        raise ConfigError(f"age {text!r} is not a number followed by s, m, h, d or w (like 7d)")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    deleted: int  # records
+    bytes_before: int
+    bytes_after: int
+    shards_removed: int = 0  # of a directory buffer: ingested shards deleted
+
+
+def prune(buffer: Location, *, older_than: float, vacuum: bool = True) -> PruneResult:
+    """Delete synced records logged more than ``older_than`` seconds ago; then VACUUM.
+
+    Of a directory buffer: the hub's synced records, and the ingested shards
+    (whose records the hub holds) sealed longer ago than ``older_than``. A
+    live or sealed shard not yet ingested is never touched.
+
+    Writers may keep logging meanwhile. In SQLite they wait on its lock
+    while the deletion and the VACUUM run (up to the busy timeout), and the
+    file shrinks. In PostgreSQL they never wait: plain VACUUM makes the space
+    reusable by new records without giving it back to the filesystem.
+    """
+    if isinstance(older_than, bool) or not isinstance(older_than, (int, float)) or not (
+        older_than >= 0 and math.isfinite(older_than)
+    ):
+        raise ConfigError(f"older_than must be a finite number of seconds >= 0, not {older_than!r}")
+    located = open_buffer(buffer)
+    if isinstance(located, DirectoryBuffer):
+        before = located.size()
+        deleted = 0
+        hub = located.open_store("write")
+        if hub is not None:
+            with hub:
+                deleted = _delete_synced(hub, older_than, vacuum)
+        removed = located.remove_ingested(older_than)
+        return PruneResult(deleted, before, located.size(), removed)
+    with located.open_store("write") as storage:
+        before = storage.size()
+        deleted = _delete_synced(storage, older_than, vacuum)
+        return PruneResult(deleted, before, storage.size())
+
+
+def _delete_synced(storage: Storage, older_than: float, vacuum: bool) -> int:
+    """Delete the synced records older than ``older_than`` seconds (see the module docstring); how many."""
+    cutoff = time.time() - older_than
+    cursor = sa.select(writers.c.synced_id).where(writers.c.id == records.c.writer_id).scalar_subquery()
+    newest = sa.select(sa.func.max(records.c.id)).scalar_subquery()
+    doomed = sa.and_(records.c.time < cutoff, records.c.id <= cursor, records.c.id < newest)
+    with storage.begin_write() as conn:
+        last_pruned = (
+            sa.select(sa.func.max(records.c.step))
+            .where(doomed, records.c.writer_id == writers.c.id)
+            .scalar_subquery()
+        )
+        conn.execute(
+            writers.update()
+            .where(sa.exists().where(doomed, records.c.writer_id == writers.c.id))
+            # greatest(), spelt so that SQLite and PostgreSQL both read it.
+            .values(pruned_step=sa.case((writers.c.pruned_step > last_pruned, writers.c.pruned_step), else_=last_pruned))
+        )
+        deleted = conn.execute(records.delete().where(doomed)).rowcount
+    if vacuum and deleted:
+        storage.reclaim()
+    return deleted

@@ -1,0 +1,119 @@
+"""What walbuf needs of a database, and the two ways to open one.
+
+A backend is one database (a SQLite file, or a PostgreSQL database or schema)
+and everything about it that differs between the kinds: how connections are
+configured, locks (kernel file locks beside a SQLite file, advisory locks in
+PostgreSQL), the writer's hot path, the fence that makes record ids safe to
+use as sync cursors, reclaiming space, and the driver's errors turned into
+walbuf's. :mod:`walbuf.store.storage` holds what is the same: the queries.
+Which backend a location is, :func:`walbuf.open_buffer` decides.
+
+The one guarantee both give the syncer: after :meth:`Backend.fence` in a
+transaction, every record with an id at or below the largest visible id is
+committed, and every record committed later gets a larger id. SQLite has it
+by construction (one writer at a time, a new row gets the largest id plus
+one). PostgreSQL's sequence hands out ids before commit, so the fence takes a
+SHARE lock on the records table: it waits for the inserts in flight to
+commit, and those that start later draw larger ids.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Protocol
+
+import sqlalchemy as sa
+
+from ..errors import StorageError
+
+Durability = Literal["normal", "fsync"]
+"""How far a committed record is safe: "normal" against the writer's death, "fsync" against power loss."""
+
+DURABILITY_LEVELS: tuple[Durability, ...] = ("normal", "fsync")
+
+Access = Literal["read", "write", "create"]
+"""How a Storage opens its database.
+
+- "read": it must exist and be a walbuf buffer at this walbuf's schema;
+  nothing is written (no schema upgrade, no journal mode switch, no lock files).
+- "write": it must exist and be a walbuf buffer; an older schema is upgraded.
+- "create": as "write", and a missing database is made.
+"""
+
+INSERT_COLUMNS = "(writer_id, step, time, metrics)"
+
+
+class Lock(Protocol):
+    """A named lock of one buffer, held by this process until released or its death."""
+
+    def acquire(self, timeout: float) -> bool:
+        """Take the lock, waiting up to ``timeout`` seconds; False if it stayed taken."""
+
+    def release(self) -> None: ...
+
+
+class Appender(Protocol):
+    """A writer's own connection: appends its records, each committed on return."""
+
+    def append(self, params: tuple[int, int, float, str]) -> None: ...
+
+    def flush(self, writer_pk: int) -> None:
+        """Make every record committed so far durable against power loss."""
+
+    def abandon(self) -> None:
+        """In a forked child: make sure nothing done here reaches the parent's connection."""
+
+    def close(self) -> None: ...
+
+
+class Backend:
+    """One database a buffer lives in; one subclass per kind."""
+
+    name: str
+    url: sa.URL
+    location: str  # for messages: a path, or the URL without its password
+
+    def engine(self, durability: Durability, busy_timeout: float, access: Access) -> sa.Engine:
+        raise NotImplementedError
+
+    def exists(self) -> bool:
+        """Whether there is a database to open (it may still hold no buffer)."""
+        raise NotImplementedError
+
+    def prepare(self) -> None:
+        """Before the first connection of a buffer that is to be made."""
+
+    def lock(self, name: str) -> Lock:
+        raise NotImplementedError
+
+    def lock_held(self, name: str) -> bool:
+        """Whether some process holds the lock ``name`` now. Changes nothing (a lock never taken is not held)."""
+        raise NotImplementedError
+
+    def writer_lock(self, name: str, appender: Appender) -> Lock:
+        """The lock that makes a writer the owner of its id, held while its appender lives."""
+        return self.lock(name)
+
+    def appender(self, engine: sa.Engine) -> Appender:
+        raise NotImplementedError
+
+    def serialize(self, conn: sa.Connection) -> None:
+        """At the start of a write transaction: wait for the others to end (SQLite's BEGIN IMMEDIATE)."""
+
+    def fence(self, conn: sa.Connection) -> None:
+        """In a write transaction: see the module docstring."""
+
+    def read_options(self, conn: sa.Connection) -> sa.Connection:
+        """``conn`` set up for one consistent snapshot across statements."""
+        return conn
+
+    def reclaim(self, engine: sa.Engine) -> None:
+        """Give the space of deleted records back (to the filesystem where the kind can)."""
+        raise NotImplementedError
+
+    def size(self, engine: sa.Engine) -> int:
+        """Bytes the buffer takes."""
+        raise NotImplementedError
+
+    def error(self, exc: BaseException | None) -> StorageError:
+        """The walbuf error for a driver's exception."""
+        raise NotImplementedError

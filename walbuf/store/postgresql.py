@@ -1,0 +1,253 @@
+"""PostgreSQL buffers: one database (or schema), for writers on many hosts."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+import sqlalchemy as sa
+
+from ..errors import (
+    BufferBusyError,
+    BufferFullError,
+    BufferNotFoundError,
+    BufferUnavailableError,
+    ConfigError,
+    StorageError,
+)
+from .backend import INSERT_COLUMNS, Access, Appender, Backend, Durability, Lock
+
+# SQLSTATE codes (PostgreSQL's appendix A) walbuf tells apart.
+_PG_LOCK_NOT_AVAILABLE = "55P03"
+_PG_DISK_FULL = "53100"
+_PG_UNKNOWN_DATABASE = "3D000"
+
+
+class PostgresBackend(Backend):
+    """A PostgreSQL database; a buffer is its tables in the connection's current schema."""
+
+    name = "postgresql"
+
+    def __init__(self, url: sa.URL) -> None:
+        driver = url.get_driver_name()
+        if "+" not in url.drivername:
+            url = url.set(drivername="postgresql+psycopg")
+        elif driver != "psycopg":
+            raise ConfigError(
+                f"buffer {url.render_as_string()!r}: walbuf talks to PostgreSQL through psycopg 3;"
+                " write the URL as postgresql+psycopg://... (pip install 'walbuf[postgresql]')"
+            )
+        if not url.database:
+            raise ConfigError(f"buffer {url.render_as_string()!r} names no database: add /DBNAME")
+        self.url = url
+        self.location = url.render_as_string(hide_password=True)
+
+    def engine(self, durability: Durability, busy_timeout: float, access: Access) -> sa.Engine:
+        # "normal": a committed record survives the writer's death, as with
+        # SQLite's synchronous=NORMAL; only a crash of the server's host can
+        # lose the last commits. "fsync": the commit waits for the WAL flush.
+        synchronous_commit = {"normal": "off", "fsync": "on"}[durability]
+        lock_ms = int(busy_timeout * 1000)
+
+        def on_connect(dbapi_connection: Any, _record: Any) -> None:
+            autocommit = dbapi_connection.autocommit
+            dbapi_connection.autocommit = True
+            dbapi_connection.execute(f"SET synchronous_commit TO {synchronous_commit}")
+            dbapi_connection.execute(f"SET lock_timeout TO {lock_ms}")
+            dbapi_connection.autocommit = autocommit
+
+        try:
+            engine = sa.create_engine(self.url, poolclass=sa.pool.NullPool)
+        except ModuleNotFoundError:
+            raise ConfigError(
+                f"buffer {self.location} is in PostgreSQL, which needs psycopg:"
+                " pip install 'walbuf[postgresql]'"
+            ) from None
+        sa.event.listen(engine, "connect", on_connect)
+        return engine
+
+    def exists(self) -> bool:
+        return True  # connecting tells; a missing database is reported then
+
+    def lock(self, name: str) -> Lock:
+        return _AdvisoryLock(self, name)
+
+    def lock_held(self, name: str) -> bool:
+        probe = _AdvisoryLock(self, name)
+        if not probe.acquire(timeout=0):
+            return True
+        probe.release()
+        return False
+
+    def read_options(self, conn: sa.Connection) -> sa.Connection:
+        # PostgreSQL's default gives each statement its own snapshot.
+        return conn.execution_options(isolation_level="REPEATABLE READ")
+
+    def appender(self, engine: sa.Engine) -> Appender:
+        return _PostgresAppender(self, engine)
+
+    def writer_lock(self, name: str, appender: Appender) -> Lock:
+        # On the appender's own session: one connection per writer, not two.
+        assert isinstance(appender, _PostgresAppender)
+        return _AdvisoryLock(self, name, connection=appender.connection)
+
+    def serialize(self, conn: sa.Connection) -> None:
+        # Write transactions read, then write what they read (a new run or
+        # writer, cursors): one at a time, as in SQLite. Appends are not
+        # write transactions and never wait for this lock.
+        keys = _pg_lock_keys("write transaction")
+        conn.exec_driver_sql(
+            f"SELECT pg_advisory_xact_lock(hashtext('walbuf:' || current_schema()) # {keys[0]}, {keys[1]})"
+        )
+
+    def fence(self, conn: sa.Connection) -> None:
+        # SHARE conflicts with the ROW EXCLUSIVE lock every INSERT holds until
+        # it commits, and with nothing readers take. Sequence values are
+        # drawn while that lock is held, and the sequence caches none (CACHE
+        # 1, the default), so later inserts draw larger ids.
+        conn.exec_driver_sql("LOCK TABLE records IN SHARE MODE")
+
+    def reclaim(self, engine: sa.Engine) -> None:
+        # Plain VACUUM: the space of deleted rows is reused by new ones, and
+        # writers keep logging meanwhile. (VACUUM FULL would give it back to
+        # the filesystem, but locks every writer out while it rewrites.)
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql("VACUUM records")
+
+    def size(self, engine: sa.Engine) -> int:
+        with engine.connect() as conn:
+            return int(
+                conn.exec_driver_sql(
+                    "SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c"
+                    " JOIN pg_namespace n ON n.oid = c.relnamespace"
+                    " WHERE n.nspname = current_schema() AND c.relkind = 'r'"
+                ).scalar()
+                or 0
+            )
+
+    def error(self, exc: BaseException | None) -> StorageError:
+        where, message = self.location, str(exc).strip()
+        state = getattr(exc, "sqlstate", None)
+        if state == _PG_LOCK_NOT_AVAILABLE:
+            return BufferBusyError(
+                f"{where}: a lock stayed taken past the busy timeout ({message});"
+                " another session holds a long transaction: look at pg_stat_activity"
+            )
+        if state == _PG_DISK_FULL:
+            return BufferFullError(
+                f"{where}: the server's disk is full ({message}); the record was not written and"
+                " every earlier one is intact: free space (walbuf prune removes synced records)"
+            )
+        if state == _PG_UNKNOWN_DATABASE:
+            return BufferNotFoundError(f"{where}: {message}; create it first (createdb)")
+        if state is None and type(exc).__name__ == "OperationalError":
+            return BufferUnavailableError(
+                f"cannot reach the buffer's PostgreSQL server at {where} ({message});"
+                " check the URL and that the server runs, then try again"
+            )
+        return StorageError(f"{where}: {message}")
+
+
+def _pg_lock_keys(name: str) -> tuple[int, int]:
+    """Two int4 keys for pg_advisory_lock: the buffer's schema is added in SQL."""
+    digest = hashlib.sha256(name.encode()).digest()
+    return int.from_bytes(digest[:4], "big", signed=True), int.from_bytes(digest[4:8], "big", signed=True)
+
+
+class _AdvisoryLock:
+    """A session-level advisory lock on a connection of its own.
+
+    PostgreSQL releases it when the session ends: the holder's death closes
+    its socket, and the server ends the session.
+    """
+
+    def __init__(self, backend: PostgresBackend, name: str, connection: Any = None) -> None:
+        self._backend = backend
+        self._keys = _pg_lock_keys(name)
+        self._connection = connection
+        self._own_connection = connection is None
+
+    def _key_sql(self) -> str:
+        # Locks are per database; the schema tells buffers in one database apart.
+        return f"hashtext('walbuf:' || current_schema()) # {self._keys[0]}, {self._keys[1]}"
+
+    def acquire(self, timeout: float) -> bool:
+        import psycopg
+
+        if self._connection is None:
+            try:
+                self._connection = psycopg.connect(
+                    self._backend.url.set(drivername="postgresql").render_as_string(hide_password=False),
+                    autocommit=True,
+                )
+            except psycopg.Error as exc:
+                raise self._backend.error(exc) from exc
+        conn = self._connection
+        if timeout <= 0:
+            return bool(conn.execute(f"SELECT pg_try_advisory_lock({self._key_sql()})").fetchone()[0])
+        try:
+            # A session-level lock taken in a transaction outlives it; SET
+            # LOCAL leaves the session's own lock_timeout as it was.
+            with conn.transaction():
+                conn.execute(f"SET LOCAL lock_timeout TO {int(timeout * 1000)}")
+                conn.execute(f"SELECT pg_advisory_lock({self._key_sql()})")
+        except psycopg.errors.LockNotAvailable:
+            return False
+        except psycopg.Error as exc:
+            raise self._backend.error(exc) from exc
+        return True
+
+    def release(self) -> None:
+        if self._connection is None:
+            return
+        if self._own_connection:
+            self._connection.close()  # ends the session, and with it the lock
+            self._connection = None
+        elif not self._connection.closed:
+            self._connection.execute(f"SELECT pg_advisory_unlock({self._key_sql()})")
+
+
+class _PostgresAppender:
+    def __init__(self, backend: PostgresBackend, engine: sa.Engine) -> None:
+        self._backend = backend
+        self._proxy = engine.raw_connection()
+        connection = self._proxy.driver_connection  # a psycopg.Connection
+        assert connection is not None
+        self.connection: Any = connection
+        self.connection.autocommit = True  # one INSERT, one commit
+        self._sql = f"INSERT INTO records {INSERT_COLUMNS} VALUES (%s, %s, %s, %s)"
+
+    def append(self, params: tuple[int, int, float, str]) -> None:
+        import psycopg
+
+        try:
+            self.connection.execute(self._sql, params, prepare=True)
+        except psycopg.Error as exc:
+            raise self._backend.error(exc) from exc
+
+    def flush(self, writer_pk: int) -> None:
+        import psycopg
+
+        # A commit that waits for the WAL flush covers every commit before it;
+        # it must write something, or PostgreSQL commits it without waiting.
+        try:
+            with self.connection.transaction():
+                self.connection.execute("SET LOCAL synchronous_commit TO on")
+                self.connection.execute("UPDATE writers SET pid = pid WHERE id = %s", (writer_pk,))
+        except psycopg.Error as exc:
+            raise self._backend.error(exc) from exc
+
+    def abandon(self) -> None:
+        # Closing (or garbage-collecting) a libpq connection sends a Terminate
+        # message down its socket, which the child shares with the parent:
+        # the parent's session would end. Point the child's descriptor at
+        # /dev/null first; the parent's own descriptor is untouched.
+        devnull = os.open(os.devnull, os.O_RDWR)
+        try:
+            os.dup2(devnull, self.connection.fileno())
+        finally:
+            os.close(devnull)
+
+    def close(self) -> None:
+        self._proxy.close()

@@ -1,0 +1,187 @@
+"""The schema of a buffer: its tables, its revisions, and bringing a database up to date.
+
+The schema belongs to the Alembic migrations in walbuf/migrations/; the
+tables here must match them (a test compares the two). Storage applies them
+when it opens a buffer for writing (see walbuf.store.storage).
+"""
+
+from __future__ import annotations
+
+import os
+
+import sqlalchemy as sa
+
+from ..errors import NotABufferError, SchemaTooNewError
+
+# Every revision in migrations/versions, oldest first. The newest is the schema
+# this code reads and writes; tests check this list against Alembic's own.
+KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005")
+HEAD_REVISION = KNOWN_REVISIONS[-1]
+
+# Record ids are sync cursors. 64-bit in PostgreSQL; in SQLite the column
+# must be INTEGER to be the rowid (which is 64-bit already).
+RecordId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+metadata = sa.MetaData()
+
+runs = sa.Table(
+    "runs",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("name", sa.Text, nullable=False, unique=True),
+    sa.Column("created_at", sa.Float, nullable=False),
+    # The W&B run this run syncs into; set by walbuf.init or the first sync.
+    sa.Column("wandb_id", sa.Text),
+    sa.Column("project", sa.Text),
+    sa.Column("entity", sa.Text),
+    # Rows written to offline run directories so far: the next one's first _step.
+    sa.Column("offline_step", sa.BigInteger, nullable=False, server_default="0"),
+    # The newest config entry of the run that a sync has sent.
+    sa.Column("config_id", RecordId, nullable=False, server_default="0"),
+)
+
+writers = sa.Table(
+    "writers",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id"), nullable=False),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("step_axis", sa.Text, nullable=False),
+    # Who opened the writer last: for messages and status, not for locking.
+    sa.Column("host", sa.Text, nullable=False),
+    sa.Column("pid", sa.Integer, nullable=False),
+    sa.Column("opened_at", sa.Float, nullable=False),
+    # The sync cursor: every record of this writer with id <= synced_id has
+    # been uploaded (W&B confirmed it). Advanced only after confirmation.
+    sa.Column("synced_id", RecordId, nullable=False, server_default="0"),
+    # The step of the newest record of this writer that prune deleted: the
+    # writer continues after it even when none of its records remain.
+    sa.Column("pruned_step", sa.BigInteger),
+    sa.UniqueConstraint("run_id", "name", name="uq_writers_run_name"),
+)
+
+records = sa.Table(
+    "records",
+    metadata,
+    sa.Column("id", RecordId, primary_key=True),
+    sa.Column("writer_id", sa.Integer, sa.ForeignKey("writers.id"), nullable=False),
+    sa.Column("step", sa.BigInteger, nullable=False),
+    sa.Column("time", sa.Float, nullable=False),
+    sa.Column("metrics", sa.Text, nullable=False),
+    # No secondary index and no AUTOINCREMENT: each costs about a third more
+    # per log(). Ids still only grow, as SQLite gives a new row the largest
+    # id plus one, as long as the row with the largest id is never deleted
+    # (pruning must keep it). PostgreSQL's sequence never reuses an id.
+    # Readers scan by id: a writer's last step is found scanning back from
+    # the newest row.
+)
+
+
+syncs = sa.Table(
+    "syncs",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id"), nullable=False),
+    sa.Column("mode", sa.Text, nullable=False),  # "online" or "offline"
+    # "running" until it ends: "ok", "failed", or "interrupted" (its syncer died).
+    sa.Column("status", sa.Text, nullable=False),
+    sa.Column("started_at", sa.Float, nullable=False),
+    sa.Column("finished_at", sa.Float),
+    # The upload covers the run's pending records with id <= last_id.
+    sa.Column("last_id", RecordId, nullable=False),
+    sa.Column("records", sa.Integer, nullable=False),
+    sa.Column("message", sa.Text),
+    sa.Column("host", sa.Text, nullable=False),
+    sa.Column("pid", sa.Integer, nullable=False),
+)
+
+
+# Every metric key a writer's synced records hold. A sync's config carries only
+# the metric definitions made in that sync, and W&B may keep only the latest
+# config's, so each sync declares all of the run's metrics again.
+metric_keys = sa.Table(
+    "metric_keys",
+    metadata,
+    sa.Column("writer_id", sa.Integer, sa.ForeignKey("writers.id"), primary_key=True),
+    sa.Column("key", sa.Text, primary_key=True),
+)
+
+
+# Run config and summary, as writers set them (Writer.config, Writer.summary):
+# one row per key and call; at sync, each key's latest value (by id) wins.
+config_entries = sa.Table(
+    "config_entries",
+    metadata,
+    sa.Column("id", RecordId, primary_key=True),
+    sa.Column("writer_id", sa.Integer, sa.ForeignKey("writers.id"), nullable=False),
+    sa.Column("kind", sa.Text, nullable=False, server_default="config"),  # or "summary"
+    sa.Column("key", sa.Text, nullable=False),
+    sa.Column("value", sa.Text, nullable=False),  # JSON
+    sa.Column("time", sa.Float, nullable=False),
+)
+
+# In the hub of a directory buffer (walbuf.directory): for each shard, run and
+# writer, the shard's id of the last record copied into the hub.
+shard_cursors = sa.Table(
+    "shard_cursors",
+    metadata,
+    sa.Column("shard", sa.Text, primary_key=True),
+    sa.Column("run", sa.Text, primary_key=True),
+    sa.Column("writer", sa.Text, primary_key=True),
+    sa.Column("last_id", sa.BigInteger, nullable=False),
+    # ... and of the last config entry copied.
+    sa.Column("config_id", sa.BigInteger, nullable=False, server_default="0"),
+)
+
+
+# The tables every revision has had: a database that has them all is a walbuf buffer.
+_ALWAYS = frozenset({"alembic_version", "runs", "writers", "records"})
+
+
+def buffer_revision(conn: sa.Connection, location: str) -> str | None:
+    """The walbuf schema revision of the database on ``conn``; None for a database with no tables.
+
+    Reads only. Raises NotABufferError for a database that holds tables but
+    not a walbuf buffer's.
+    """
+    tables = sorted(sa.inspect(conn).get_table_names())
+    if _ALWAYS.issubset(tables):
+        revision = conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar()
+        if revision is not None:
+            return str(revision)
+    if not tables:
+        return None
+    shown = ", ".join(tables[:8]) + (", ..." if len(tables) > 8 else "")
+    raise NotABufferError(
+        f"{location} is a database, but not a walbuf buffer (its tables: {shown});"
+        " give the path of a walbuf buffer, or a new path for a new one (nothing was changed)"
+    )
+
+
+def inserted_id(result: sa.CursorResult[object]) -> int:
+    """The primary key of the row an INSERT made."""
+    key = result.inserted_primary_key
+    assert key is not None, "not the result of a single-row INSERT"
+    return int(key[0])
+
+
+def check_known(revision: str | None, location: str) -> None:
+    """Raise SchemaTooNewError for a revision newer than this walbuf's."""
+    if revision is not None and revision not in KNOWN_REVISIONS:
+        raise SchemaTooNewError(
+            f"{location} has schema revision {revision!r}, newer than this walbuf knows"
+            f" (up to {HEAD_REVISION!r}); upgrade walbuf to read or write it"
+        )
+
+
+def upgrade(conn: sa.Connection, target: str = "head") -> None:
+    """Run the Alembic migrations on ``conn`` (in its transaction)."""
+    from alembic import command
+    from alembic.config import Config
+
+    from .. import migrations
+
+    config = Config()
+    config.set_main_option("script_location", os.path.dirname(migrations.__file__))
+    config.attributes["connection"] = conn
+    command.upgrade(config, target)

@@ -1,0 +1,284 @@
+"""SQLite buffers: one file, in WAL mode for the processes of one host."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import sqlalchemy as sa
+from filelock import FileLock, Timeout
+
+from ..errors import (
+    BufferBusyError,
+    BufferCorruptError,
+    BufferFullError,
+    BufferNotWritableError,
+    ConfigError,
+    StorageError,
+)
+from .backend import INSERT_COLUMNS, Access, Appender, Backend, Durability, Lock
+
+# Each commit appends the pages it changed to the WAL; a record is far smaller
+# than a page, so smaller pages mean less to write per log() and a shorter
+# hold of the write lock. Measured with 16 writer processes (scripts/
+# bench_writer.py): 1 KiB pages and a checkpoint every 10,000 pages (10 MiB
+# of WAL) gave about 1.2x the records/s of SQLite's defaults (4 KiB, 1,000).
+PAGE_SIZE = 1024  # takes effect only when the database file is created
+WAL_AUTOCHECKPOINT = 10_000  # pages
+
+Journal = str  # "wal" or "delete"
+
+
+class SQLiteBackend(Backend):
+    """A SQLite file, in WAL mode for the processes of one host.
+
+    ``locks`` is where its lock files go (default: ``<file>.locks/`` beside
+    it); the shards of a directory buffer share the directory's. ``journal``
+    "delete" is for a database that processes on several hosts open in turn
+    (a directory buffer's hub): WAL's index is shared memory of one host.
+    """
+
+    name = "sqlite"
+
+    def __init__(self, path: Path, *, locks: Path | None = None, journal: Journal = "wal") -> None:
+        self.path = path
+        self.url = sa.URL.create("sqlite", database=str(path))
+        self.location = str(path)
+        self.locks = locks if locks is not None else path.with_name(path.name + ".locks")
+        self.journal = journal
+
+    def exists(self) -> bool:
+        return self.path.exists()
+
+    def prepare(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def engine(
+        self, durability: Durability, busy_timeout: float, access: Access, *, immutable: bool = False
+    ) -> sa.Engine:
+        synchronous = {"normal": "NORMAL", "fsync": "FULL"}[durability]
+        busy_ms = int(busy_timeout * 1000)
+
+        def on_connect(dbapi_connection: sqlite3.Connection, _record: Any) -> None:
+            # Autocommit at the driver: the "begin" event below emits BEGIN.
+            dbapi_connection.isolation_level = None
+            cursor = dbapi_connection.cursor()
+            try:
+                cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
+                if access == "read" or immutable:
+                    return  # a reader sets nothing that lasts in the file
+                if access == "create" and self.path.stat().st_size == 0:
+                    self._initialize(cursor)
+                cursor.execute(f"PRAGMA synchronous={synchronous}")
+                cursor.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT}")
+            finally:
+                cursor.close()
+
+        def on_begin(conn: sa.Connection) -> None:
+            # BEGIN IMMEDIATE takes the write lock at once: a transaction that
+            # writes never fails half-way with SQLITE_BUSY.
+            write = conn.get_execution_options().get("walbuf_write")
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+        url = self.url
+        if immutable:
+            url = sa.URL.create(
+                "sqlite",
+                database=f"file:{quote(str(self.path))}",
+                query={"mode": "ro", "immutable": "1", "uri": "true"},
+            )
+        engine = sa.create_engine(url, connect_args={"check_same_thread": False}, poolclass=sa.pool.NullPool)
+        sa.event.listen(engine, "connect", on_connect)
+        sa.event.listen(engine, "begin", on_begin)
+        return engine
+
+    def _initialize(self, cursor: sqlite3.Cursor) -> None:
+        """Page size and journal mode of a new (empty) file; an existing file is never switched.
+
+        Switching to WAL can fail with SQLITE_BUSY at once, without the busy
+        handler, while another process switches the same new file: take
+        turns. WAL stays set in the file, so later openers skip this.
+        """
+        if cursor.execute("PRAGMA journal_mode").fetchone()[0].lower() == self.journal:
+            return  # a rollback journal is SQLite's default: nothing to set
+        with FileLock(self.lock_path("migrate.lock"), thread_local=False):
+            mode = cursor.execute("PRAGMA journal_mode").fetchone()[0]
+            if mode.lower() == self.journal:
+                return
+            cursor.execute(f"PRAGMA page_size={PAGE_SIZE}")
+            mode = cursor.execute(f"PRAGMA journal_mode={self.journal}").fetchone()[0]
+        if mode.lower() != self.journal:
+            raise ConfigError(
+                f"{self.path}: SQLite could not switch the buffer to {self.journal} mode"
+                f" (it stays in {mode!r}); put the buffer on a local filesystem"
+            )
+
+    def readable_immutable(self) -> bool:
+        """Whether the file alone holds the whole buffer: no -wal, so no writer has it open.
+
+        A process that may not write the buffer's directory cannot create the
+        -shm file SQLite needs to read a WAL database; such a buffer it can
+        still read as an immutable file.
+        """
+        return not Path(f"{self.path}-wal").exists()
+
+    def file_state(self) -> tuple[int, int, int]:
+        """What changes when a checkpoint writes the file (see Storage.begin_read)."""
+        st = self.path.stat()
+        return st.st_ino, st.st_size, st.st_mtime_ns
+
+    def not_writable(self, detail: str) -> BufferNotWritableError:
+        return BufferNotWritableError(
+            f"{self.path} is not writable by this process ({detail}): logging, sync and prune"
+            f" need write access to the file, its -wal and -shm, its directory and"
+            f" {self.locks}/; use a buffer of your own, or ask its owner for write access"
+        )
+
+    def lock_path(self, name: str) -> Path:
+        """The lock file ``name`` of this buffer (its directory is made if missing)."""
+        try:
+            self.locks.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise self._os_error(exc) from exc
+        return self.locks / name
+
+    def lock(self, name: str) -> Lock:
+        return _FileLock(self, name)
+
+    def lock_held(self, name: str) -> bool:
+        # A probe with flock on a descriptor opened for reading: it needs no
+        # write access and creates nothing. (It holds the lock for an
+        # instant if it is free.)
+        try:
+            fd = os.open(self.locks / f"{name}.lock", os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        return False
+
+    def _os_error(self, exc: OSError) -> Exception:
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return self.not_writable(f"{exc.filename}: {exc.strerror}")
+        return exc
+
+    def appender(self, engine: sa.Engine) -> Appender:
+        return _SQLiteAppender(self, engine)
+
+    def reclaim(self, engine: sa.Engine) -> None:
+        # On the driver connection: VACUUM cannot run inside a transaction.
+        raw = engine.raw_connection()
+        try:
+            driver = raw.driver_connection
+            assert driver is not None
+            driver.execute("VACUUM")
+            driver.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error as exc:
+            raise self.error(exc) from exc
+        finally:
+            raw.close()
+
+    def size(self, engine: sa.Engine) -> int:
+        files = (self.path, Path(f"{self.path}-wal"))
+        return sum(p.stat().st_size for p in files if p.exists())
+
+    def error(self, exc: BaseException | None) -> StorageError:
+        path, message = self.path, str(exc)
+        if isinstance(exc, sqlite3.OperationalError) and "locked" in message:
+            return BufferBusyError(
+                f"{path}: the database stayed locked past the busy timeout ({message});"
+                f" another process holds a long write transaction: find it with `fuser {path}`"
+            )
+        if isinstance(exc, sqlite3.OperationalError) and "readonly" in message:
+            if getattr(exc, "sqlite_errorname", "") == "SQLITE_READONLY_DIRECTORY":
+                return self.not_writable(
+                    f"{message}: SQLite cannot create {path.name}-shm in {path.parent},"
+                    " which it needs to open a WAL database"
+                )
+            return self.not_writable(message)
+        if isinstance(exc, sqlite3.OperationalError) and "unable to open" in message and self.path.exists():
+            if not os.access(self.path.parent, os.W_OK):  # a -wal without its -shm, say
+                return self.not_writable(f"{message}: SQLite cannot create its files in {path.parent}")
+        if isinstance(exc, sqlite3.OperationalError) and "full" in message:
+            return BufferFullError(
+                f"{path}: the disk is full ({message}); the record was not written and every"
+                " earlier one is intact: free space (walbuf prune removes synced records), then log again"
+            )
+        if isinstance(exc, sqlite3.DatabaseError) and (
+            "not a database" in message or "malformed" in message
+        ):
+            return BufferCorruptError(f"{path} is not a readable walbuf buffer ({message})")
+        return StorageError(f"{path}: {message}")
+
+
+class _FileLock:
+    """A kernel file lock in the buffer's lock folder (made when first taken)."""
+
+    def __init__(self, backend: SQLiteBackend, name: str) -> None:
+        self._backend = backend
+        self._name = f"{name}.lock"
+        self._lock: FileLock | None = None
+
+    def acquire(self, timeout: float) -> bool:
+        if self._lock is None:
+            self._lock = FileLock(self._backend.lock_path(self._name), thread_local=False)
+        try:
+            self._lock.acquire(timeout=timeout)
+        except Timeout:
+            return False
+        except OSError as exc:  # a lock file this process may not open for writing
+            raise self._backend._os_error(exc) from exc
+        return True
+
+    def release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+
+
+class _SQLiteAppender:
+    def __init__(self, backend: SQLiteBackend, engine: sa.Engine) -> None:
+        self._backend = backend
+        # The proxy must stay referenced: dropping it closes the connection.
+        self._proxy = engine.raw_connection()
+        driver = self._proxy.driver_connection
+        assert isinstance(driver, sqlite3.Connection)
+        self._cursor = driver.cursor()
+        self._sql = f"INSERT INTO records {INSERT_COLUMNS} VALUES (?, ?, ?, ?)"
+
+    def append(self, params: tuple[int, int, float, str]) -> None:
+        try:
+            self._cursor.execute(self._sql, params)
+        except sqlite3.Error as exc:
+            raise self._backend.error(exc) from exc
+
+    def flush(self, writer_pk: int) -> None:
+        # In the default durability SQLite defers the fsync of its WAL to
+        # checkpoints; fsync both files now.
+        path = self._backend.path
+        for name in (f"{path}-wal", str(path)):
+            try:
+                fd = os.open(name, os.O_RDONLY)
+            except FileNotFoundError:
+                continue  # no WAL: everything is checkpointed into the database
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def abandon(self) -> None:
+        # Nothing to do: the Writer keeps the inherited objects referenced and
+        # never closes them (closing could drop the parent's POSIX locks).
+        pass
+
+    def close(self) -> None:
+        self._cursor.close()
+        self._proxy.close()

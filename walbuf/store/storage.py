@@ -1,0 +1,302 @@
+"""The storage: an open buffer database and every query on it that writers, syncers and readers share.
+
+Transactions that write take their locks at BEGIN (SQLite: BEGIN IMMEDIATE),
+so a writer never fails half-way through. :mod:`walbuf.store.backend` holds
+what differs between SQLite and PostgreSQL; :mod:`walbuf.store.schema` the
+tables.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Literal
+
+import sqlalchemy as sa
+
+from ..errors import (
+    BufferBusyError,
+    BufferNotFoundError,
+    BufferNotWritableError,
+    ConfigError,
+    SchemaOutdatedError,
+    WriterConflictError,
+)
+from ..record import Record, decode
+from .backend import DURABILITY_LEVELS, Access, Appender, Backend, Durability, Lock
+from .schema import (
+    HEAD_REVISION,
+    buffer_revision,
+    check_known,
+    config_entries,
+    inserted_id,
+    records,
+    runs,
+    upgrade,
+    writers,
+)
+from .sqlite import SQLiteBackend
+from .target import Target, set_target
+
+DEFAULT_BUSY_TIMEOUT = 60.0  # seconds; a writer waits this long for the write lock
+
+ConfigKind = Literal["config", "summary"]
+
+
+class Storage:
+    """An open buffer: engine, schema check, and the queries writers and readers need.
+
+    A context manager: leaving it closes the connections. Not shared across
+    processes: after a fork, the child must make its own (see :meth:`abandon`).
+
+    ``access`` (see :data:`walbuf.store.backend.Access`): with "read" nothing
+    is written to the database, not even a schema upgrade. A database that
+    holds other tables than a walbuf buffer's raises NotABufferError, one
+    with no tables BufferNotFoundError (unless ``access`` is "create"), and
+    in neither case is anything changed.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        access: Access = "write",
+        durability: Durability = "normal",
+        busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+    ) -> None:
+        if durability not in DURABILITY_LEVELS:
+            raise ConfigError(f"durability must be one of {', '.join(DURABILITY_LEVELS)}, not {durability!r}")
+        self.backend = backend
+        self.location = backend.location
+        if not backend.exists():
+            if access != "create":
+                raise BufferNotFoundError(f"no buffer at {self.location}")
+            backend.prepare()
+        # Set when the buffer is read as an immutable file: its state then.
+        self._immutable_state: tuple[int, int, int] | None = None
+        self.engine = backend.engine(durability, busy_timeout, access)
+        try:
+            with self.translate_errors():
+                self._ensure_schema(access)
+        except BufferNotWritableError:
+            self.engine.dispose()
+            # A reader that may not write the buffer's directory: SQLite cannot
+            # make the -shm it needs. With no -wal, every record is in the
+            # file: read it as immutable (see begin_read for a writer that
+            # starts meanwhile).
+            if access != "read" or not isinstance(backend, SQLiteBackend) or not backend.readable_immutable():
+                raise
+            self._immutable_state = backend.file_state()
+            self.engine = backend.engine(durability, busy_timeout, access, immutable=True)
+            try:
+                with self.translate_errors():
+                    self._ensure_schema(access)
+            except BaseException:
+                self.engine.dispose()
+                raise
+        except BaseException:
+            self.engine.dispose()
+            raise
+
+    def _ensure_schema(self, access: Access) -> None:
+        """Check the schema, and bring it to HEAD_REVISION where ``access`` allows.
+
+        Concurrent openers of a new buffer take turns on a lock; each one
+        re-checks after taking it, so only the first runs the migrations. When
+        the schema is current the check is one query and Alembic is not imported.
+        """
+        with self.engine.connect() as conn:
+            revision = buffer_revision(conn, self.location)
+            conn.rollback()
+        if revision == HEAD_REVISION:
+            return
+        check_known(revision, self.location)
+        if revision is None and access != "create":
+            raise BufferNotFoundError(f"no walbuf buffer in {self.location}: it is an empty database")
+        if access == "read":
+            raise SchemaOutdatedError(
+                f"{self.location} has schema revision {revision}, older than this walbuf's"
+                f" {HEAD_REVISION}, and reading changes nothing: write it once to upgrade it"
+                " (walbuf sync, or a writer), then read it again"
+            )
+        lock = self.lock("migrate")
+        if not lock.acquire(timeout=DEFAULT_BUSY_TIMEOUT):
+            raise BufferBusyError(
+                f"{self.location}: another process kept upgrading the schema for"
+                f" {DEFAULT_BUSY_TIMEOUT:g}s; find it, or try again"
+            )
+        try:
+            with self.begin_write() as conn:
+                revision = buffer_revision(conn, self.location)
+                if revision != HEAD_REVISION:
+                    check_known(revision, self.location)
+                    upgrade(conn)
+        finally:
+            lock.release()
+
+    def _file_state(self) -> tuple[int, int, int] | None:
+        return self.backend.file_state() if isinstance(self.backend, SQLiteBackend) else None
+
+    # -- connections ---------------------------------------------------------
+
+    @contextmanager
+    def translate_errors(self) -> Iterator[None]:
+        """Turn the driver's errors into walbuf's own (see Backend.error)."""
+        try:
+            yield
+        except sa.exc.DBAPIError as exc:
+            raise self.backend.error(exc.orig) from exc
+
+    @contextmanager
+    def begin_write(self, *, fence: bool = False) -> Iterator[sa.Connection]:
+        """A transaction that takes its write lock at BEGIN.
+
+        With ``fence``, every record id up to the largest visible one is
+        committed, and later records get larger ids (see walbuf.store.backend).
+        """
+        with self.translate_errors():
+            with self.engine.connect().execution_options(walbuf_write=True) as conn:
+                with conn.begin():
+                    self.backend.serialize(conn)
+                    if fence:
+                        self.backend.fence(conn)
+                    yield conn
+
+    @contextmanager
+    def begin_read(self) -> Iterator[sa.Connection]:
+        """A read transaction: one consistent snapshot of the buffer."""
+        with self.translate_errors():
+            with self.engine.connect() as conn:
+                conn = self.backend.read_options(conn)
+                with conn.begin():
+                    yield conn
+        if self._immutable_state is not None and self._file_state() != self._immutable_state:
+            # An immutable read takes no lock: a writer that opened the buffer
+            # meanwhile and checkpointed into the file may have torn what was read.
+            raise BufferBusyError(
+                f"{self.location} changed while it was read (a writer opened it); read it again"
+            )
+
+    def appender(self) -> Appender:
+        """A dedicated connection for one writer's hot path."""
+        with self.translate_errors():
+            return self.backend.appender(self.engine)
+
+    def lock(self, name: str) -> Lock:
+        """A named lock of this buffer (sync, migrate, a writer id)."""
+        return self.backend.lock(name)
+
+    def size(self) -> int:
+        with self.translate_errors():
+            return self.backend.size(self.engine)
+
+    def reclaim(self) -> None:
+        with self.translate_errors():
+            self.backend.reclaim(self.engine)
+
+    def close(self) -> None:
+        """Close the engine's connections (in the process that opened them)."""
+        self.engine.dispose()
+
+    def __enter__(self) -> Storage:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def abandon(self) -> None:
+        """Forget the engine without closing its connections: what a forked child must do.
+
+        Closing a connection inherited across fork can disturb the parent's
+        locks, WAL or session; SQLAlchemy's pool is told to let go without
+        touching them.
+        """
+        self.engine.dispose(close=False)
+
+    # -- queries -------------------------------------------------------------
+
+    def register_writer(
+        self,
+        run: str,
+        writer: str,
+        step_axis: str,
+        host: str,
+        pid: int,
+        target: Target | None = None,
+    ) -> tuple[int, int | None]:
+        """Create the run and writer if new; return (writer row id, last step or None).
+
+        ``target`` (W&B id, project, entity) is stored for the run where it
+        holds none yet. Raises WriterConflictError if the writer exists with
+        another step axis, TargetConflictError if the run has another target.
+        """
+        now = time.time()
+        with self.begin_write() as conn:
+            run_id = self._run_id(conn, run, now)
+            if target is not None:
+                set_target(conn, run_id, run, target)
+            row = conn.execute(
+                sa.select(writers.c.id, writers.c.step_axis, writers.c.pruned_step).where(
+                    writers.c.run_id == run_id, writers.c.name == writer
+                )
+            ).first()
+            values = {"host": host, "pid": pid, "opened_at": now}
+            if row is None:
+                # A new writer has no records at or below the newest id, so its
+                # cursor starts there: syncs never rescan older records for it.
+                newest = conn.scalar(sa.select(sa.func.coalesce(sa.func.max(records.c.id), 0)))
+                writer_id = inserted_id(
+                    conn.execute(
+                        writers.insert().values(
+                            run_id=run_id, name=writer, step_axis=step_axis, synced_id=newest, **values
+                        )
+                    )
+                )
+                return writer_id, None
+            if row.step_axis != step_axis:
+                raise WriterConflictError(
+                    f"writer {writer!r} of run {run!r} logs on step axis {row.step_axis!r},"
+                    f" not {step_axis!r}; use that axis, or another writer id for a new axis"
+                )
+            conn.execute(writers.update().where(writers.c.id == row.id).values(**values))
+            last_step = conn.scalar(
+                sa.select(records.c.step)
+                .where(records.c.writer_id == row.id)
+                .order_by(records.c.id.desc())
+                .limit(1)
+            )
+            return row.id, last_step if last_step is not None else row.pruned_step
+
+    def add_config(self, writer_pk: int, encoded: dict[str, str], kind: ConfigKind = "config") -> None:
+        """Store config or summary entries (key -> JSON text) of a writer, in one transaction."""
+        if not encoded:
+            return
+        now = time.time()
+        with self.begin_write() as conn:
+            conn.execute(
+                config_entries.insert(),
+                [{"writer_id": writer_pk, "kind": kind, "key": k, "value": v, "time": now} for k, v in encoded.items()],
+            )
+
+    @staticmethod
+    def _run_id(conn: sa.Connection, run: str, now: float) -> int:
+        run_id = conn.scalar(sa.select(runs.c.id).where(runs.c.name == run))
+        if run_id is None:
+            return inserted_id(conn.execute(runs.insert().values(name=run, created_at=now)))
+        return int(run_id)
+
+    def read(self, run: str | None = None, writer: str | None = None) -> Iterator[Record]:
+        """Every record (of one run / writer if given), in the order they were logged."""
+        query = (
+            sa.select(runs.c.name, writers.c.name, records.c.step, records.c.time, records.c.metrics)
+            .select_from(records.join(writers).join(runs))
+            .order_by(records.c.id)
+        )
+        if run is not None:
+            query = query.where(runs.c.name == run)
+        if writer is not None:
+            query = query.where(writers.c.name == writer)
+        with self.begin_read() as conn:
+            for row in conn.execution_options(yield_per=1000).execute(query):
+                yield Record(row[0], row[1], row[2], row[3], decode(row[4]))

@@ -1,0 +1,203 @@
+"""Planning a sync: which runs, their W&B target, and the extent of each upload.
+
+A plan fixes, in one write transaction behind the fence (see
+walbuf.store.backend), the run's pending records up to the newest one at
+that moment (and at most the budget's records), stores a generated W&B run
+id before anything is sent (so that a retry goes to the same run), closes
+the entries of uploads a dead syncer left "running" (counting what they may
+have delivered), and notes the new upload as running.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import string
+import time
+from dataclasses import dataclass, replace
+
+import sqlalchemy as sa
+
+from ..errors import ConfigError
+from ..store import Storage, Target
+from ..store.schema import config_entries, inserted_id, records, runs, syncs, writers
+from ..store.target import merge_target, read_target, set_target
+from .results import RunSync, SyncMode
+
+
+def generate_run_id() -> str:
+    """A new W&B run id: 8 random base-36 digits, as wandb makes them."""
+    return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+
+
+class Budget:
+    """What one invocation may still send: records, and time (a monotonic deadline)."""
+
+    def __init__(self, max_records: int | None, max_seconds: float | None) -> None:
+        self.remaining = max_records
+        self.deadline = None if max_seconds is None else time.monotonic() + max_seconds
+
+    def spent(self) -> bool:
+        return (self.remaining is not None and self.remaining <= 0) or (
+            self.deadline is not None and time.monotonic() >= self.deadline
+        )
+
+    def take(self) -> None:
+        """One record sent."""
+        if self.remaining is not None:
+            self.remaining -= 1
+
+
+@dataclass(frozen=True)
+class PlanWriter:
+    id: int
+    name: str
+    step_axis: str
+    synced_id: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One run's upload: its writers' records with ids in (low, high] past their cursors."""
+
+    run_id: int
+    report: RunSync
+    writers: dict[int, PlanWriter]
+    low: int  # every pending record of the run has an id above this
+    high: int  # ... and at most this (the newest record when the sync began)
+    sync_id: int  # its entry in the syncs table (0 in a dry run)
+
+
+def runs_to_sync(storage: Storage, run: str | None, run_id: str | None) -> list[str]:
+    """The names of the runs to sync: ``run``, or all of them."""
+    with storage.begin_read() as conn:
+        names = list(conn.scalars(sa.select(runs.c.name).order_by(runs.c.id)))
+    if run is not None:
+        if run not in names:
+            known = ", ".join(repr(n) for n in names) or "none"
+            raise ConfigError(f"no run {run!r} in {storage.location} (runs: {known})")
+        return [run]
+    if run_id is not None and len(names) > 1:
+        raise ConfigError(
+            f"--run-id names one W&B run, but {storage.location} holds {len(names)} runs;"
+            " choose one with --run NAME"
+        )
+    return names
+
+
+def plan(
+    storage: Storage, name: str, overrides: Target, mode: SyncMode, budget: Budget, *, dry_run: bool
+) -> Plan | None:
+    """Fix the run's target and the extent of its upload; None if nothing is pending."""
+    # The fence makes the newest id a sound upper bound: no record at or
+    # below it can still appear (see walbuf.store.backend).
+    transaction = storage.begin_read() if dry_run else storage.begin_write(fence=True)
+    with transaction as conn:
+        run_id = conn.execute(sa.select(runs.c.id).where(runs.c.name == name)).scalar_one()
+        found = {
+            row.id: PlanWriter(row.id, row.name, row.step_axis, row.synced_id)
+            for row in conn.execute(
+                sa.select(writers.c.id, writers.c.name, writers.c.step_axis, writers.c.synced_id).where(
+                    writers.c.run_id == run_id
+                )
+            )
+        }
+        if not found:
+            return None
+        low = min(w.synced_id for w in found.values())
+        high = conn.scalar(sa.select(sa.func.max(records.c.id))) or 0
+        counts = _pending_counts(conn, found, low, high)
+        config_id = conn.scalar(sa.select(runs.c.config_id).where(runs.c.id == run_id))
+        new_config = conn.scalar(
+            sa.select(sa.func.count())
+            .select_from(config_entries)
+            .where(config_entries.c.writer_id.in_(list(found)), config_entries.c.id > config_id)
+        )
+        if sum(counts.values()) == 0 and not new_config:
+            return None
+        target = _target(conn, run_id, name, overrides, dry_run)
+        if budget.remaining is not None and sum(counts.values()) > budget.remaining:
+            high = _id_of_nth_pending(conn, found, low, budget.remaining)
+            counts = _pending_counts(conn, found, low, high)
+        report = RunSync(
+            run=name,
+            target=target,
+            mode=mode,
+            records=sum(counts.values()),
+            per_writer={found[w].name: n for w, n in counts.items() if n},
+            possibly_duplicated=_interrupted(conn, run_id, found, low, high, dry_run),
+        )
+        sync_id = 0
+        if not dry_run:
+            sync_id = inserted_id(
+                conn.execute(
+                    syncs.insert().values(
+                        run_id=run_id,
+                        mode=mode,
+                        status="running",
+                        started_at=time.time(),
+                        last_id=high,
+                        records=report.records,
+                        host=socket.gethostname(),
+                        pid=os.getpid(),
+                    )
+                )
+            )
+        return Plan(run_id, report, found, low, high, sync_id)
+
+
+def pending_filter(found: dict[int, PlanWriter], low: int, high: int) -> sa.ColumnElement[bool]:
+    """Records of these writers past their cursors, with low < id <= high."""
+    cursor = sa.case({w.id: w.synced_id for w in found.values()}, value=records.c.writer_id)
+    return sa.and_(
+        records.c.id > low,
+        records.c.id <= high,
+        records.c.writer_id.in_(list(found)),
+        records.c.id > cursor,
+    )
+
+
+def _pending_counts(conn: sa.Connection, found: dict[int, PlanWriter], low: int, high: int) -> dict[int, int]:
+    query = (
+        sa.select(records.c.writer_id, sa.func.count())
+        .where(pending_filter(found, low, high))
+        .group_by(records.c.writer_id)
+    )
+    return {writer_id: n for writer_id, n in conn.execute(query)}
+
+
+def _id_of_nth_pending(conn: sa.Connection, found: dict[int, PlanWriter], low: int, n: int) -> int:
+    query = (
+        sa.select(records.c.id)
+        .where(pending_filter(found, low, 2**62))
+        .order_by(records.c.id)
+        .offset(n - 1)
+        .limit(1)
+    )
+    return int(conn.scalar(query) or low)
+
+
+def _target(conn: sa.Connection, run_id: int, name: str, overrides: Target, dry_run: bool) -> Target:
+    target = merge_target(read_target(conn, run_id), overrides, name)
+    if dry_run:
+        return target
+    if target.wandb_id is None:
+        # Stored before the upload, so that a retry goes to the same W&B run.
+        target = replace(target, wandb_id=generate_run_id())
+    return set_target(conn, run_id, name, target)
+
+
+def _interrupted(
+    conn: sa.Connection, run_id: int, found: dict[int, PlanWriter], low: int, high: int, dry_run: bool
+) -> int:
+    """Close the entries of syncs of this run that died mid-upload; count what they may have sent."""
+    cut_off = sa.and_(syncs.c.run_id == run_id, syncs.c.status == "running")
+    reach = conn.scalar(sa.select(sa.func.max(syncs.c.last_id)).where(cut_off))
+    if reach is None:
+        return 0
+    if not dry_run:
+        conn.execute(
+            syncs.update().where(cut_off).values(status="interrupted", message="the syncer died during the upload")
+        )
+    return sum(_pending_counts(conn, found, low, min(reach, high)).values())

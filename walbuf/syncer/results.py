@@ -1,0 +1,58 @@
+"""What a sync did: per run, and for the whole buffer."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..store import Target
+
+SyncMode = Literal["online", "offline"]
+"""online: upload to W&B. offline: write a wandb offline run directory for `wandb sync`."""
+
+SYNC_MODES: tuple[SyncMode, ...] = ("online", "offline")
+
+
+@dataclass(frozen=True)
+class ConfigChange:
+    """A run config key set again with another value: the later one is what W&B gets."""
+
+    key: str
+    old_writer: str
+    old_value: object
+    new_writer: str
+    new_value: object
+
+
+@dataclass(frozen=True)
+class RunSync:
+    """What one sync of one run did (or, in a dry run or before its upload, will do)."""
+
+    run: str
+    target: Target
+    mode: SyncMode
+    records: int = 0
+    per_writer: Mapping[str, int] = field(default_factory=dict)
+    # Records a cut-off earlier upload may already have delivered: sent again, maybe twice.
+    possibly_duplicated: int = 0
+    offline_dir: str | None = None
+    # Config keys whose value a later Writer.config() replaced, since the last sync.
+    config_changes: tuple[ConfigChange, ...] = ()
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    """What a sync of a buffer did, run by run. ``records`` is the total sent."""
+
+    runs: tuple[RunSync, ...]
+    dry_run: bool = False
+    # A dry run of a directory buffer: records in shards not yet copied into
+    # the hub, which a real sync copies in first (not counted in ``records``),
+    # and other hosts' live shards, which it cannot read yet.
+    not_in_hub: int = 0
+    unreadable_shards: int = 0
+
+    @property
+    def records(self) -> int:
+        return sum(r.records for r in self.runs)

@@ -1,0 +1,174 @@
+"""`walbuf sync`: replays what writers appended into W&B, each record once where it can be.
+
+For each run with pending records, one sync:
+
+1. takes the buffer's sync lock (one syncer per buffer),
+2. brings everything into the database it uploads from (a directory
+   buffer's shards into its hub; see walbuf.directory),
+3. plans the run's upload (:mod:`.plan`): its W&B target, and its extent,
+   the pending records up to the newest one at that moment; what writers
+   append meanwhile waits for the next sync,
+4. replays the records into one wandb run in shared mode (:mod:`.upload`,
+   through :mod:`.wandb_run`, the only module that imports wandb),
+5. and only when wandb confirms the upload, advances the writers' cursors and
+   marks the sync done, in one transaction.
+
+A failed upload changes nothing but the sync's own log entry. A syncer killed
+between 3 and 5 leaves a running entry: the next sync marks it interrupted,
+sends those records again (at-least-once: W&B may then hold them twice) and
+reports how many that may be.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from ..buffer import Buffer, Location, open_buffer
+from ..directory import DirectoryBuffer
+from ..errors import ConfigError, SyncLockedError
+from ..store import Storage, Target
+from ..store.schema import syncs
+from ..store.sqlite import SQLiteBackend
+from .plan import Budget, plan, runs_to_sync
+from .results import SYNC_MODES, RunSync, SyncMode, SyncResult
+from .upload import upload
+
+_log = logging.getLogger(__name__)
+
+
+def sync(
+    buffer: Location,
+    *,
+    run: str | None = None,
+    project: str | None = None,
+    entity: str | None = None,
+    run_id: str | None = None,
+    mode: SyncMode = "online",
+    directory: str | os.PathLike[str] | None = None,
+    max_records: int | None = None,
+    max_seconds: float | None = None,
+    wait: float = 0.0,
+    dry_run: bool = False,
+    progress: Callable[[int], None] | None = None,
+    on_run: Callable[[RunSync], None] | None = None,
+) -> SyncResult:
+    """Upload every record not yet synced, run by run; see the module docstring.
+
+    ``run`` limits the sync to one run. ``project``, ``entity`` and ``run_id``
+    set the W&B target where the buffer holds none and must agree with it
+    where it does (else TargetConflictError, nothing sent); ``run_id`` needs
+    ``run`` when the buffer has several runs. ``mode="offline"`` writes a wandb
+    offline run directory under ``directory`` (default: beside the buffer)
+    for ``wandb sync`` to upload later. ``max_records`` and ``max_seconds``
+    bound the invocation; the rest waits for the next one. ``wait`` is how
+    long to wait for another syncer of this buffer to finish before raising
+    SyncLockedError. ``progress`` is called with the number of records sent
+    since its last call; ``on_run`` before each run's upload starts.
+
+    Raises UploadError when W&B cannot be reached or fails: that run's
+    records stay pending (runs synced before it in this call stay synced).
+
+    ``dry_run`` sends nothing and changes nothing (it takes no lock either):
+    it counts what would be sent per run, and of a directory buffer the
+    shards' records not yet in the hub as ``not_in_hub``.
+
+    wandb reads its own settings (WANDB_BASE_URL, credentials) once per
+    process: syncs in one process all talk to the server the first one did.
+    """
+    if mode not in SYNC_MODES:
+        raise ConfigError(f"mode must be one of {', '.join(SYNC_MODES)}, not {mode!r}")
+    if max_records is not None and (isinstance(max_records, bool) or not isinstance(max_records, int) or max_records <= 0):
+        raise ConfigError(f"max_records must be a positive int, not {max_records!r}")
+    for name, value in (("max_seconds", max_seconds), ("wait", wait)):
+        if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            raise ConfigError(f"{name} must be a finite number of seconds, not {value!r}")
+    if max_seconds is not None and max_seconds <= 0:
+        raise ConfigError(f"max_seconds must be positive, not {max_seconds!r}")
+    located = open_buffer(buffer)
+    overrides = Target(run_id, project, entity)
+    budget = Budget(max_records, max_seconds)
+    if dry_run:
+        return _dry_run(located, run, overrides, mode, budget)
+    lock = located.sync_lock()
+    acquired = lock.acquire(timeout=0)
+    if not acquired and wait > 0:
+        _log.info("another walbuf sync of %s is running; waiting up to %gs for it to finish", located.location, wait)
+        acquired = lock.acquire(timeout=wait)
+    if not acquired:
+        raise SyncLockedError(_locked_message(located, wait))
+    try:
+        with located.open_for_sync() as storage:
+            offline_dir = _offline_dir(storage, directory, mode)
+            done = []
+            for name in runs_to_sync(storage, run, run_id):
+                if budget.spent():
+                    break
+                planned = plan(storage, name, overrides, mode, budget, dry_run=False)
+                if planned is None:
+                    continue
+                if on_run is not None:
+                    on_run(planned.report)
+                done.append(upload(storage, planned, mode, offline_dir, budget, progress))
+            return SyncResult(runs=tuple(done))
+    finally:
+        lock.release()
+
+
+def _dry_run(buffer: Buffer, run: str | None, overrides: Target, mode: SyncMode, budget: Budget) -> SyncResult:
+    """What a sync would send; opens everything for reading only."""
+    planned: list[RunSync] = []
+    storage = buffer.open_store("read")
+    if storage is not None:
+        with storage:
+            for name in runs_to_sync(storage, run, overrides.wandb_id):
+                found = plan(storage, name, overrides, mode, budget, dry_run=True)
+                if found is not None:
+                    planned.append(found.report)
+    not_in_hub = unreadable = 0
+    if isinstance(buffer, DirectoryBuffer):
+        counts = [entry.not_in_hub for entry in buffer.backlog()]
+        not_in_hub = sum(n for n in counts if n is not None)
+        unreadable = counts.count(None)
+    return SyncResult(runs=tuple(planned), dry_run=True, not_in_hub=not_in_hub, unreadable_shards=unreadable)
+
+
+def _offline_dir(storage: Storage, directory: str | os.PathLike[str] | None, mode: SyncMode) -> Path:
+    """Where an offline sync writes: ``directory``, else beside the buffer's file."""
+    if directory is not None:
+        return Path(directory)
+    if isinstance(storage.backend, SQLiteBackend):
+        path = storage.backend.path
+        return path.with_name(path.name + ".wandb")
+    if mode == "offline":
+        raise ConfigError(
+            f"{storage.location} is not a file, so there is no folder beside it for the"
+            " offline run: give one with --dir"
+        )
+    return Path.cwd()  # not written to in online mode
+
+
+def _locked_message(buffer: Buffer, wait: float) -> str:
+    who = ""
+    storage = buffer.open_store("read")
+    if storage is not None:
+        with storage, storage.begin_read() as conn:
+            holder = conn.execute(
+                sa.select(syncs.c.host, syncs.c.pid, syncs.c.started_at)
+                .where(syncs.c.status == "running")
+                .order_by(syncs.c.id.desc())
+            ).first()
+        if holder is not None:
+            started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.started_at))
+            who = f" (process {holder.pid} on {holder.host}, since {started})"
+    waited = f" and did not finish within {wait:g}s" if wait else ""
+    return (
+        f"another walbuf sync of {buffer.location} is running{who}{waited};"
+        " let it finish, or pass --wait SECONDS to wait for it"
+    )
