@@ -21,6 +21,7 @@ import sqlite3
 import time
 from pathlib import Path
 
+from ..store.sqlite import flock_held
 from .layout import Layout, rotate_seconds
 
 
@@ -84,17 +85,7 @@ def seal_if_unused(layout: Layout, host: str, path: Path) -> bool:
 
 def in_use(path: Path) -> bool:
     """Whether a process holds the live shard at ``path`` (its shared flock). Needs only read access."""
-    try:
-        fd = os.open(f"{path}.inuse", os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # and with it the probe's lock
-    return False
+    return flock_held(Path(f"{path}.inuse"))
 
 
 def seal_idle(layout: Layout, host: str) -> list[Path]:

@@ -151,20 +151,7 @@ class SQLiteBackend(Backend):
         return _FileLock(self, name)
 
     def lock_held(self, name: str) -> bool:
-        # A probe with flock on a descriptor opened for reading: it needs no
-        # write access and creates nothing. (It holds the lock for an
-        # instant if it is free.)
-        try:
-            fd = os.open(self.locks / f"{name}.lock", os.O_RDONLY)
-        except FileNotFoundError:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        finally:
-            os.close(fd)
-        return False
+        return flock_held(self.locks / f"{name}.lock")
 
     def _os_error(self, exc: OSError) -> Exception:
         if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
@@ -218,6 +205,25 @@ class SQLiteBackend(Backend):
         ):
             return BufferCorruptError(f"{path} is not a readable walbuf buffer ({message})")
         return StorageError(f"{path}: {message}")
+
+
+def flock_held(path: Path) -> bool:
+    """Whether a process holds a flock on ``path`` (False if there is no such file).
+
+    A probe on a descriptor opened for reading: it needs no write access and
+    creates nothing. (It holds the lock for an instant if it is free.)
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # and with it the probe's lock
+    return False
 
 
 class _FileLock:
