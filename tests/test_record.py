@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import walbuf
-from conftest import record_count, same_metrics, same_value
+from conftest import record_count, run_sql, same_metrics, same_value
+from walbuf.record import MAX_DEPTH, MAX_VALUE_BYTES
 
 ROUND_TRIP = {
     "int": 7,
@@ -28,7 +29,7 @@ ROUND_TRIP = {
     "false": False,
     "str": "accuracy",
     "empty str": "",
-    "unicode": "länge 🚀 \u0000 \udcff",
+    "unicode": "länge 🚀 \u0000",
     "none": None,
 }
 
@@ -171,7 +172,7 @@ def test_metrics_that_are_not_a_mapping_are_refused(buffer, metrics):
 
 def test_empty_key_is_refused(buffer):
     with walbuf.Writer(buffer, writer="w") as w:
-        with pytest.raises(ValueError, match="empty metric key"):
+        with pytest.raises(ValueError, match="metric key '' is empty"):
             w.log({"": 1})
     assert record_count(buffer) == 0
 
@@ -195,3 +196,81 @@ def test_key_with_a_wildcard_is_refused(buffer):
         with pytest.raises(ValueError, match="wildcard"):
             w.log({"grad*norm": 1.0})
     assert record_count(buffer) == 0
+
+
+def nested(depth):
+    metrics = {"leaf": 1}
+    for _ in range(depth):
+        metrics = {"d": metrics}
+    return metrics
+
+
+def self_containing():
+    metrics = {"a": 1}
+    metrics["again"] = metrics
+    return metrics
+
+
+WANDB_WOULD_REFUSE = {
+    "lone surrogate in a key": ({"\ud800": 1}, "is not valid text"),
+    "NUL in a key": ({"a\x00b": 1}, "control character"),
+    "newline in a key": ({"loss\n": 1}, "control character"),
+    "blank key": ({"   ": 1}, "is blank"),
+    "_step": ({"_step": 1}, "reserves for itself"),
+    "_timestamp": ({"_timestamp": 1.0}, "reserves for itself"),
+    "_runtime": ({"_runtime": 1.0}, "reserves for itself"),
+    "_wandb": ({"_wandb": {"m": 1}}, "reserves for itself"),
+    "lone surrogate in a value": ({"text": "ok \udcff"}, "is not valid text"),
+    "value over 1 MB": ({"big": "x" * (MAX_VALUE_BYTES + 1)}, "over W&B's limit of 1,000,000 for one value"),
+    "nested 1,000 deep": (nested(1000), "nested more than"),
+    "a dict that contains itself": (self_containing(), "nested more than"),
+    "record over the history line limit": (
+        {f"v{i}": "x" * MAX_VALUE_BYTES for i in range(11)}, "as a W&B history line, over W&B's limit"
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WANDB_WOULD_REFUSE))
+def test_what_wandb_would_refuse_or_drop_is_refused_at_log_naming_the_key(buffer, case):
+    metrics, message = WANDB_WOULD_REFUSE[case]
+    with walbuf.Writer(buffer, writer="w") as w:
+        with pytest.raises(walbuf.MetricValueError, match=message):
+            w.log(metrics)
+        assert w.log({"fine": 1}) == 0  # the writer goes on
+    assert record_count(buffer) == 1
+
+
+def test_a_reserved_name_nested_under_another_key_is_an_ordinary_metric(buffer):
+    assert log_and_read(buffer, {"eval": {"_step": 3}}) == {"eval/_step": 3}
+
+
+def test_values_up_to_the_limits_are_kept(buffer):
+    metrics = {"big": "é" * (MAX_VALUE_BYTES // 2), "deep": nested(MAX_DEPTH - 2)}
+    assert log_and_read(buffer, metrics)["big"] == metrics["big"]
+
+
+@pytest.mark.parametrize("kind", ["config", "summary"])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"\ud800": 1}, "is not valid text"),
+        ({"lr\n": 1}, "control character"),
+        ({" ": 1}, "is blank"),
+        ({"_wandb": 1}, "reserves for itself"),
+        ({"model": {"a\x00": 1}}, "control character"),
+        ({"notes": "x" * (MAX_VALUE_BYTES + 1)}, "over W&B's limit"),
+        ({"deep": nested(1000)}, "nested more than"),
+    ],
+    ids=["surrogate", "newline", "blank", "_wandb", "nested NUL", "too big", "too deep"],
+)
+def test_config_and_summary_refuse_what_wandb_would_refuse(buffer, kind, values, message):
+    with walbuf.Writer(buffer, writer="w") as w:
+        with pytest.raises(walbuf.MetricValueError, match=message):
+            getattr(w, kind)(values)
+    assert run_sql(buffer, "SELECT count(*) FROM config_entries") == [(0,)]
+
+
+def test_a_star_is_a_plain_character_in_a_config_key(buffer):
+    with walbuf.Writer(buffer, writer="w") as w:
+        w.config({"glob*": 1})
+    assert run_sql(buffer, "SELECT key FROM config_entries") == [("glob*",)]

@@ -283,13 +283,33 @@ class TestModuleLevel:
         with pytest.raises(walbuf.NoWriterError, match="walbuf.init"):
             walbuf.log({"a": 1})
 
-    def test_init_again_closes_the_previous_default_writer(self, buffer):
+    def test_init_again_for_the_same_writer_closes_the_first_and_opens_it_anew(self, buffer):
         first = walbuf.init(buffer, writer="w")
-        second = walbuf.init(buffer, writer="w")
+        first.log({"a": 1})
+        second = walbuf.init(buffer, writer="w")  # a notebook cell run twice
         try:
             assert first.closed and not second.closed
+            assert walbuf.log({"a": 2}) == 1
         finally:
             second.close()
+
+    def test_init_for_another_writer_while_the_first_is_open_says_to_use_writer(self, buffer):
+        first = walbuf.init(buffer, writer="train")
+        try:
+            with pytest.raises(walbuf.ConfigError, match=r"open it with walbuf.Writer\(...\)"):
+                walbuf.init(buffer, writer="eval")
+            assert not first.closed and walbuf.log({"a": 1}) == 0  # the first goes on
+            with walbuf.Writer(buffer, writer="eval") as other:  # what the message says to do
+                assert other.log({"b": 1}) == 0
+        finally:
+            first.close()
+        walbuf.init(buffer, writer="eval").close()  # once the first is closed, init may open another
+
+    def test_a_closed_writer_says_how_to_open_it_again(self, buffer):
+        w = walbuf.Writer(buffer, writer="w", run="r")
+        w.close()
+        with pytest.raises(walbuf.WriterClosedError, match=r"'w' of run 'r' is closed; open it again \(walbuf.Writer"):
+            w.log({"a": 1})
 
 
 def test_writer_id_with_a_slash_is_refused(buffer):

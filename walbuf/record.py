@@ -15,6 +15,7 @@ exactly through repr, so every accepted value comes back as it went in.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Union
@@ -53,8 +54,11 @@ def _scalar(value: Any) -> Any:
     return value
 
 
-def _convert(key: str, value: Any) -> Value:
+def _convert(key: str, value: Any, what: str = "metric") -> Value:
     kind = type(value)
+    if kind is str:
+        _check_text(key, value, what)
+        return value
     if kind in _PRIMITIVE:
         return value
     # Subclasses (numpy.float64 is a float, IntEnum an int) are stored as the base kind.
@@ -65,6 +69,7 @@ def _convert(key: str, value: Any) -> Value:
     if isinstance(value, float):
         return float(value)
     if isinstance(value, str):
+        _check_text(key, value, what)
         return str(value)
     converted = _scalar(value)
     if converted is not value and type(converted) in _PRIMITIVE:
@@ -76,11 +81,37 @@ def _convert(key: str, value: Any) -> Value:
     )
 
 
+# W&B's limits and reserved names, each with its source. A record that breaks
+# one is refused at log(), before anything is written: W&B would refuse or
+# drop it at sync, for good.
+MAX_VALUE_BYTES = 1_000_000
+"""A single value under 1 MB: W&B docs, "Experiments limits and performance"."""
+MAX_LINE_BYTES = (10 << 20) - (100 << 10)
+"""wandb-core skips a longer history line with only a warning (core/internal/filestream/
+filestream.go, defaultMaxFileLineBytes; updatehistory.go)."""
+LINE_OVERHEAD = 1024
+"""Room in a history line for what the syncer adds: the step axis, _timestamp, _runtime, _step."""
+MAX_DEPTH = 32
+"""Nesting of a metrics dict: deeper than any real use, far short of Python's recursion limit."""
+RESERVED_KEYS = frozenset({"_step", "_runtime", "_timestamp", "_wandb"})
+"""wandb-core overwrites _step and _runtime in every row (core/internal/stream/handler.go,
+flushPartialHistory), the SDK sets _timestamp, and _wandb holds wandb's own config and summary."""
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+# Keys that passed _check_key in this process (metrics repeat their keys every step).
+_checked_keys: set[str] = set()
+_CHECKED_KEYS_MAX = 100_000
+_FAST_SCALARS = frozenset({int, float, bool, type(None)})
+
+
 def flatten(metrics: Any, reserved: str | None = None) -> dict[str, Value]:
     """Validate ``metrics`` and return them flattened, nested keys joined with "/".
 
     ``reserved`` is a key the caller may not use (the writer's step axis).
-    Raises MetricTypeError or MetricValueError, naming the key.
+    Raises MetricTypeError or MetricValueError, naming the key: a key that
+    is not text W&B can store (not valid UTF-8, a NUL or other control
+    character, blank, '*'), one of W&B's reserved names, nesting deeper
+    than MAX_DEPTH, a value over MAX_VALUE_BYTES.
     """
     if not isinstance(metrics, Mapping):
         raise MetricTypeError(
@@ -88,7 +119,7 @@ def flatten(metrics: Any, reserved: str | None = None) -> dict[str, Value]:
             " (nothing was written)"
         )
     flat: dict[str, Value] = {}
-    _flatten_into(flat, "", metrics)
+    _flatten_into(flat, "", metrics, 1)
     if reserved is not None and reserved in flat:
         raise MetricValueError(
             f"metric {reserved!r} is this writer's step axis; pass the step as "
@@ -97,13 +128,27 @@ def flatten(metrics: Any, reserved: str | None = None) -> dict[str, Value]:
     return flat
 
 
-def _flatten_into(flat: dict[str, Value], prefix: str, metrics: Mapping[Any, Any]) -> None:
+def check_line(payload: str, keys: int, prefix: str) -> None:
+    """Raise MetricValueError if a record (``payload``, its JSON) would make a history line over W&B's limit.
+
+    ``prefix`` is what the syncer puts before each of the ``keys`` keys.
+    """
+    size = len(payload) + keys * len(prefix) + LINE_OVERHEAD
+    if size > MAX_LINE_BYTES:
+        raise MetricValueError(
+            f"the record is {size:,} bytes as a W&B history line, over W&B's limit of"
+            f" {MAX_LINE_BYTES:,} (wandb would drop it); log fewer or smaller values per"
+            " call (nothing was written)"
+        )
+
+
+def _flatten_into(flat: dict[str, Value], prefix: str, metrics: Mapping[Any, Any], depth: int) -> None:
     for key, value in metrics.items():
         if (
             type(key) is str
-            and key
-            and "*" not in key
-            and type(value) in _PRIMITIVE
+            and key in _checked_keys
+            and type(value) in _FAST_SCALARS
+            and (prefix or key not in RESERVED_KEYS)
             and prefix + key not in flat
         ):
             flat[prefix + key] = value  # the common case, checked cheaply
@@ -115,19 +160,20 @@ def _flatten_into(flat: dict[str, Value], prefix: str, metrics: Mapping[Any, Any
                     " keys must be str (nothing was written)"
                 )
             key = str(key)
-        if "*" in key:
-            raise MetricValueError(
-                f"metric key {prefix + key!r} contains '*', which W&B's define_metric"
-                " reads as a wildcard; rename it (nothing was written)"
-            )
-        if not key:
-            raise MetricValueError(
-                f"empty metric key{' under ' + repr(prefix[:-1]) if prefix else ''}"
-                " (nothing was written)"
-            )
+        _check_key(prefix, key, "metric")
         name = prefix + key
+        if name in RESERVED_KEYS:
+            raise MetricValueError(
+                f"metric {name!r} is a name W&B reserves for itself (it would overwrite"
+                " or drop it); rename it (nothing was written)"
+            )
         if isinstance(value, Mapping):
-            _flatten_into(flat, name + "/", value)
+            if depth >= MAX_DEPTH:
+                raise MetricValueError(
+                    f"metric {name!r} holds dicts nested more than {MAX_DEPTH} deep; flatten them"
+                    " (nothing was written)"
+                )
+            _flatten_into(flat, name + "/", value, depth + 1)
             continue
         if name in flat:
             raise MetricValueError(
@@ -135,6 +181,60 @@ def _flatten_into(flat: dict[str, Value], prefix: str, metrics: Mapping[Any, Any
                 " (nothing was written)"
             )
         flat[name] = _convert(name, value)
+
+
+def _check_key(prefix: str, key: str, what: str, *, star: bool = False) -> None:
+    """Raise MetricValueError unless ``key`` (a part of a name) is one W&B stores as given.
+
+    ``star``: '*' is a plain character (in config keys; in metric names it is define_metric's wildcard).
+    """
+    if key in _checked_keys:
+        return
+    name = prefix + key
+    problem = ""
+    if not key:
+        problem = "is empty"
+    elif not key.strip():
+        problem = "is blank"
+    elif "*" in key and not star:
+        problem = "contains '*', which W&B's define_metric reads as a wildcard"
+    elif _CONTROL.search(key):
+        problem = "contains a control character (a NUL, a newline, ...)"
+    elif not _is_utf8(key):
+        problem = "is not valid text (it holds a lone surrogate, which UTF-8 cannot encode)"
+    if problem:
+        where = f" under {prefix[:-1]!r}" if prefix and not key else ""
+        raise MetricValueError(f"{what} key {name!r}{where} {problem}; rename it (nothing was written)")
+    if len(_checked_keys) < _CHECKED_KEYS_MAX and "*" not in key:
+        _checked_keys.add(key)
+
+
+def _is_utf8(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _check_text(name: str, value: str, what: str) -> None:
+    """A str value W&B stores: valid UTF-8 and under MAX_VALUE_BYTES."""
+    if value.isascii() and len(value) <= MAX_VALUE_BYTES:
+        return
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise MetricValueError(
+            f"{what} {name!r} is a str that is not valid text (it holds a lone surrogate,"
+            " which UTF-8 cannot encode) (nothing was written)"
+        ) from None
+    if size > MAX_VALUE_BYTES:
+        raise MetricValueError(
+            f"{what} {name!r} is {size:,} bytes, over W&B's limit of {MAX_VALUE_BYTES:,} for one value"
+            " (nothing was written)"
+        )
 
 
 # Made once: json.dumps() with arguments builds a new encoder on every call.
@@ -145,39 +245,53 @@ decode = json.JSONDecoder().decode
 """Inverse of :func:`encode`."""
 
 
-def encode_config(values: Any) -> dict[str, str]:
-    """Run config as given to Writer.config(): each top-level key with its value as JSON text.
+def encode_config(values: Any, what: str = "config") -> dict[str, str]:
+    """Run config (or summary) as given to Writer.config(): each top-level key with its value as JSON text.
 
     Values are what W&B's config holds: int, float, bool, str, None, numpy or
     torch scalars, and lists and str-keyed dicts of those (kept nested).
-    Anything else raises MetricTypeError naming the key; an empty or non-str
-    key, MetricValueError. Nothing is stored on error.
+    Anything else raises MetricTypeError naming the key; a key W&B cannot
+    store as given (see flatten), a top-level key W&B reserves, nesting
+    deeper than MAX_DEPTH or a value over MAX_VALUE_BYTES, MetricValueError.
+    Nothing is stored on error.
     """
     if not isinstance(values, Mapping):
-        raise MetricTypeError(f"config must be a mapping of str keys, not {type(values).__qualname__}")
+        raise MetricTypeError(f"{what} must be a mapping of str keys, not {type(values).__qualname__}")
     encoded = {}
     for key, value in values.items():
-        if not isinstance(key, str) or not key:
-            raise MetricValueError(f"config key {key!r} must be a non-empty str (nothing was stored)")
-        encoded[key] = json.dumps(_config_value(key, value), allow_nan=True)
+        if not isinstance(key, str):
+            raise MetricTypeError(f"{what} key {key!r} is of type {type(key).__qualname__}; keys must be str")
+        _check_key("", key, what, star=True)
+        if key in RESERVED_KEYS:
+            raise MetricValueError(f"{what} key {key!r} is a name W&B reserves for itself; rename it (nothing was stored)")
+        text = json.dumps(_config_value(key, value, what, 1), allow_nan=True)
+        if len(text) > MAX_VALUE_BYTES:
+            raise MetricValueError(
+                f"{what} key {key!r} holds {len(text):,} bytes, over W&B's limit of {MAX_VALUE_BYTES:,}"
+                " for one value (nothing was stored)"
+            )
+        encoded[key] = text
     return encoded
 
 
-def _config_value(key: str, value: Any) -> Any:
+def _config_value(key: str, value: Any, what: str, depth: int) -> Any:
+    if isinstance(value, (Mapping, list, tuple)) and depth >= MAX_DEPTH:
+        raise MetricValueError(f"{what} key {key!r} is nested more than {MAX_DEPTH} deep (nothing was stored)")
     if isinstance(value, Mapping):
         out = {}
         for sub, item in value.items():
             if not isinstance(sub, str):
-                raise MetricValueError(f"config key {key!r} holds a non-str key {sub!r} (nothing was stored)")
-            out[sub] = _config_value(f"{key}.{sub}", item)
+                raise MetricValueError(f"{what} key {key!r} holds a non-str key {sub!r} (nothing was stored)")
+            _check_key(f"{key}.", sub, what, star=True)
+            out[sub] = _config_value(f"{key}.{sub}", item, what, depth + 1)
         return out
     if isinstance(value, (list, tuple)):
-        return [_config_value(f"{key}[{i}]", item) for i, item in enumerate(value)]
+        return [_config_value(f"{key}[{i}]", item, what, depth + 1) for i, item in enumerate(value)]
     try:
-        return _convert(key, value)
+        return _convert(key, value, f"{what} key")
     except MetricTypeError:
         kind = type(value)
         raise MetricTypeError(
-            f"config key {key!r} has a value of type {kind.__module__}.{kind.__qualname__};"
+            f"{what} key {key!r} has a value of type {kind.__module__}.{kind.__qualname__};"
             " give an int, float, bool, str, None, or a list or dict of those (nothing was stored)"
         ) from None

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from .buffer import Location, Segment
-from .errors import ArgumentTypeError, NoWriterError, StepOrderError, WriterClosedError, WriterConflictError
-from .record import encode, encode_config, flatten
+from .errors import ArgumentTypeError, ConfigError, NoWriterError, StepOrderError, WriterClosedError, WriterConflictError
+from .record import check_line, encode, encode_config, flatten
 from .settings import WriterSettings
 from .store.backend import Appender, Lock
 from .store.schema import writers
@@ -239,6 +239,7 @@ class Writer:
         state = self._opened_here()
         flat = flatten(metrics, state.step_axis)
         payload = encode(flat)
+        check_line(payload, len(flat), state.writer + "/")
         with self._lock:
             self._check_open(state)
             last = state.last_step
@@ -276,7 +277,7 @@ class Writer:
 
     def _set(self, kind: ConfigKind, values: Mapping[str, Any]) -> None:
         state = self._opened_here()
-        encoded = encode_config(values)
+        encoded = encode_config(values, kind)
         with self._lock:
             self._check_open(state)
             state.storage.add_config(state.writer_pk, encoded, kind)
@@ -284,7 +285,8 @@ class Writer:
     def _check_open(self, state: _Open) -> None:
         if self._closed:
             raise WriterClosedError(
-                f"writer {state.writer!r} is closed; open a new one (walbuf.Writer or walbuf.init)"
+                f"writer {state.writer!r} of run {self.settings.run!r} is closed; open it again"
+                " (walbuf.Writer(...), or walbuf.init(...) for walbuf.log)"
             )
 
     def flush(self) -> None:
@@ -373,13 +375,30 @@ def init(buffer: Location | None = None, **options: Unpack[WriterOptions]) -> Wr
     missing), a directory (a directory buffer, for writers on many hosts),
     or a postgresql+psycopg:// URL.
 
-    A previous default writer of this process is closed first.
+    One default writer per process: calling init again for the same writer
+    (same buffer, run and writer id; a notebook cell run twice) closes the
+    first and opens it anew, but while it is open, init for another writer
+    raises ConfigError. For several writers in one process, open each with
+    :class:`Writer` (walbuf.log logs through the one init opened).
     """
     global _default
-    if _default is not None:
+    settings = WriterSettings.resolve(buffer, **options)
+    if _default is not None and not _default.closed:
+        current = _default.settings
+        same = (current.buffer.location, current.run, _default.writer) == (
+            settings.buffer.location,
+            settings.run,
+            settings.writer_id(),
+        )
+        if not same:
+            raise ConfigError(
+                f"walbuf.init() already opened writer {_default.writer!r} of run {current.run!r} in this"
+                f" process, and walbuf.log() logs through it; to log as {settings.writer_id()!r} as well,"
+                " open it with walbuf.Writer(...) (a process may hold several), or close the first"
+                " writer before calling walbuf.init() again"
+            )
         _default.close()
-        _default = None
-    _default = Writer(buffer, **options)
+    _default = Writer.from_settings(settings)
     return _default
 
 
