@@ -308,16 +308,44 @@ def _kill_a_syncer_mid_upload_then_sync_again(server, buffer):
     assert pending(buffer) == {("exp1", "w"): 200}
     assert run_status(buffer)["runs"][0]["last_sync"]["status"] == "running"
     proc = subprocess.run(
-        [sys.executable, "-m", "walbuf", "sync", str(buffer)],
+        [sys.executable, "-m", "walbuf", "sync", str(buffer), "--quiet"],
         capture_output=True,
         text=True,
         env={**os.environ, **server.env()},
     )
     assert proc.returncode == 0, proc.stderr
-    assert "200 of them were in an upload that was cut off" in proc.stderr
+    # A warning that needs a person: printed even with --quiet.
+    assert "200 records were in an earlier upload that was cut off" in proc.stderr
     received = Counter(s for s, _ in rows_of(the_run(server, buffer), "w"))
     assert set(received) == set(range(200))  # at least once each
     assert pending(buffer) == {("exp1", "w"): 0}
+
+
+def test_a_quiet_sync_prints_nothing_and_leaves_no_files_behind(server, buffer, tmp_path):
+    log_records(buffer, "w", 3)
+    home, tmp, here = tmp_path / "home", tmp_path / "tmp", tmp_path / "here"
+    for folder in (home, tmp, here):
+        folder.mkdir()
+    env = {**os.environ, **server.env(), "HOME": str(home), "TMPDIR": str(tmp)}
+    del env["WANDB_SILENT"]  # as in a user's shell: walbuf silences wandb itself
+    env.pop("XDG_CACHE_HOME", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "walbuf", "sync", str(buffer), "--quiet"], capture_output=True, text=True, env=env, cwd=here
+    )
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+    assert len(the_run(server, buffer).history) == 3
+    assert list(here.iterdir()) == [] and list(tmp.iterdir()) == []
+    assert [p for p in home.rglob("*") if p.is_file()] == []
+
+
+def test_verbose_shows_wandbs_own_messages(server, buffer):
+    log_records(buffer, "w", 1)
+    env = {**os.environ, **server.env()}
+    del env["WANDB_SILENT"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "walbuf", "sync", str(buffer), "--quiet", "--verbose"], capture_output=True, text=True, env=env
+    )
+    assert proc.returncode == 0 and "wandb:" in proc.stderr
 
 
 def test_kill_9_of_the_syncer_loses_nothing_and_reports_possible_duplicates(server, buffer):

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -131,24 +134,26 @@ def _sync_options(command: Any) -> Any:
 
 
 class _Progress:
-    """What `walbuf sync` prints while it works (on stderr): each run, and a progress bar."""
+    """What `walbuf sync` prints while it works, on stderr: each run and a progress bar (not when quiet), and warnings."""
 
     def __init__(self, quiet: bool, dry_run: bool) -> None:
         self.quiet, self.dry_run = quiet, dry_run
         self.bar: Any = None
 
     def on_run(self, run: RunSync) -> None:
+        if run.possibly_duplicated and not self.dry_run:  # a warning: printed even when quiet
+            click.echo(
+                f"walbuf: warning: run {run.run}: {run.possibly_duplicated} records were in an earlier"
+                " upload that was cut off; they are sent again, and W&B may now hold them twice",
+                err=True,
+            )
         if self.quiet:
             return
         verb = "would send" if self.dry_run else "sending"
         writers = ", ".join(f"{w} {n}" for w, n in run.per_writer.items())
         click.echo(f"{run.run} -> {_target_text(run)}: {verb} {run.records} records ({writers})", err=True)
-        if run.possibly_duplicated:
-            click.echo(
-                f"  {run.possibly_duplicated} of them were in an upload that was cut off;"
-                " W&B may now hold those twice",
-                err=True,
-            )
+        if run.possibly_duplicated and self.dry_run:
+            click.echo(f"  {run.possibly_duplicated} of them were in an upload that was cut off", err=True)
         self.close()
         if not self.dry_run:
             self.bar = click.progressbar(length=run.records, file=sys.stderr, label="  uploading")
@@ -164,25 +169,49 @@ class _Progress:
             self.bar = None
 
 
-def _run_sync(options: dict[str, Any], *, dry_run: bool, quiet: bool) -> SyncResult:
+@contextmanager
+def _process_of_its_own(verbose: bool) -> Iterator[None]:
+    """Settings for a process that the command owns, while it syncs.
+
+    wandb prints its own notes ("Loaded credentials", "shared mode is
+    experimental") unless WANDB_SILENT is set. It makes temporary folders at
+    import that it never removes, and its service writes a debug log into
+    $WANDB_CACHE_DIR (else ~/.cache/wandb/logs; wandb-core's
+    observability/util.go) each time it starts: all of it goes into a
+    folder of walbuf's, removed afterwards.
+    """
+    if not verbose:
+        os.environ["WANDB_SILENT"] = "true"
+    folder = tempfile.mkdtemp(prefix="walbuf-")
+    tempfile.tempdir = folder
+    for name in ("TMPDIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
+        os.environ[name] = folder
+    try:
+        yield
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run_sync(options: dict[str, Any], *, dry_run: bool, quiet: bool, verbose: bool = False) -> SyncResult:
     """Call walbuf.sync with the command's options; print its warnings (even when quiet)."""
     shown = _Progress(quiet, dry_run)
     try:
-        result = sync_buffer(
-            options["buffer"],
-            run=options["run_name"],
-            project=options["project"],
-            entity=options["entity"],
-            run_id=options["run_id"],
-            mode=options["mode"],
-            directory=options["directory"],
-            max_records=options["max_records"],
-            max_seconds=options["max_seconds"],
-            wait=options["wait"],
-            dry_run=dry_run,
-            progress=shown.progress,
-            on_run=shown.on_run,
-        )
+        with _process_of_its_own(verbose):
+            result = sync_buffer(
+                options["buffer"],
+                run=options["run_name"],
+                project=options["project"],
+                entity=options["entity"],
+                run_id=options["run_id"],
+                mode=options["mode"],
+                directory=options["directory"],
+                max_records=options["max_records"],
+                max_seconds=options["max_seconds"],
+                wait=options["wait"],
+                dry_run=dry_run,
+                progress=shown.progress,
+                on_run=shown.on_run,
+            )
     finally:
         shown.close()
     for run in result.runs:
@@ -198,8 +227,9 @@ def _run_sync(options: dict[str, Any], *, dry_run: bool, quiet: bool) -> SyncRes
 @main.command(epilog=EXIT_HELP)
 @_sync_options
 @click.option("--dry-run", is_flag=True, help="Say what would be sent; send and change nothing.")
-@click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors and warnings (for cron).")
-def sync(dry_run: bool, quiet: bool, **options: Any) -> None:
+@click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors and warnings that need a person (for cron).")
+@click.option("--verbose", "-v", is_flag=True, help="Also show wandb's own messages (silenced otherwise).")
+def sync(dry_run: bool, quiet: bool, verbose: bool, **options: Any) -> None:
     """Replay BUFFER's records not yet synced into W&B, one shared-mode run per walbuf run.
 
     A record is marked synced only after W&B confirmed its upload. In W&B,
@@ -208,7 +238,7 @@ def sync(dry_run: bool, quiet: bool, **options: Any) -> None:
     if not quiet:
         _say_what_walbuf_waits_for()
     with _errors():
-        result = _run_sync(options, dry_run=dry_run, quiet=quiet)
+        result = _run_sync(options, dry_run=dry_run, quiet=quiet, verbose=verbose)
     if quiet:
         return
     if not result.runs and not result.not_in_hub:

@@ -24,8 +24,11 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -104,8 +107,7 @@ def sync(
     if not acquired:
         raise SyncLockedError(_locked_message(located, wait))
     try:
-        with located.open_for_sync() as storage:
-            offline_dir = _offline_dir(storage, directory, mode)
+        with located.open_for_sync() as storage, _wandb_folder(storage, directory, mode) as folder:
             done = []
             for name in runs_to_sync(storage, run, run_id):
                 if budget.spent():
@@ -115,7 +117,7 @@ def sync(
                     continue
                 if on_run is not None:
                     on_run(planned.report)
-                done.append(upload(storage, planned, mode, offline_dir, budget, progress))
+                done.append(upload(storage, planned, mode, folder, budget, progress))
             return SyncResult(runs=tuple(done))
     finally:
         lock.release()
@@ -139,19 +141,44 @@ def _dry_run(buffer: Buffer, run: str | None, overrides: Target, mode: SyncMode,
     return SyncResult(runs=tuple(planned), dry_run=True, not_in_hub=not_in_hub, unreadable_shards=unreadable)
 
 
-def _offline_dir(storage: Storage, directory: str | os.PathLike[str] | None, mode: SyncMode) -> Path:
-    """Where an offline sync writes: ``directory``, else beside the buffer's file."""
-    if directory is not None:
-        return Path(directory)
-    if isinstance(storage.backend, SQLiteBackend):
-        path = storage.backend.path
-        return path.with_name(path.name + ".wandb")
+@contextmanager
+def _wandb_folder(storage: Storage, directory: str | os.PathLike[str] | None, mode: SyncMode) -> Iterator[Path]:
+    """Where wandb writes its files: the offline run directory, or a working folder removed afterwards.
+
+    Offline: ``directory``, else ``BUFFER.wandb/`` beside the buffer's file;
+    kept, for `wandb sync`. Online: a fresh folder under walbuf's cache
+    folder ($XDG_CACHE_HOME/walbuf/sync, else ~/.cache/walbuf/sync), never
+    the current directory, removed when the sync ends (its internal log has
+    been read by then).
+    """
     if mode == "offline":
-        raise ConfigError(
-            f"{storage.location} is not a file, so there is no folder beside it for the"
-            " offline run: give one with --dir"
-        )
-    return Path.cwd()  # not written to in online mode
+        if directory is not None:
+            yield Path(directory)
+        elif isinstance(storage.backend, SQLiteBackend):
+            path = storage.backend.path
+            yield path.with_name(path.name + ".wandb")
+        else:
+            raise ConfigError(
+                f"{storage.location} is not a file, so there is no folder beside it for the"
+                " offline run: give one with --dir"
+            )
+        return
+    folder = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=_cache_folder()))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _cache_folder() -> str:
+    """walbuf's folder for a sync's working files, made if missing."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    folder = os.path.join(base, "walbuf", "sync")
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError:
+        return tempfile.gettempdir()  # no home to write to (a bare cron environment, say)
+    return folder
 
 
 def _locked_message(buffer: Buffer, wait: float) -> str:

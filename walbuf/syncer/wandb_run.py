@@ -20,7 +20,11 @@ from .results import SyncMode
 
 
 class WandbRun:
-    """One upload into the W&B run ``target`` (the syncer's only view of wandb)."""
+    """One upload into the W&B run ``target`` (the syncer's only view of wandb).
+
+    wandb writes its files (the run folder, its logs) under ``directory``:
+    the offline run directory, or a working folder the syncer removes.
+    """
 
     def __init__(self, target: Target, name: str, mode: SyncMode, directory: Path) -> None:
         import wandb
@@ -40,15 +44,14 @@ class WandbRun:
             silent=True,
             **_retry_settings(),
         )
-        if not shared:
-            directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(parents=True, exist_ok=True)
         try:
             self._run = wandb.init(
                 id=target.wandb_id,
                 project=target.project,
                 entity=target.entity,
                 name=name,
-                dir=str(directory) if not shared else None,
+                dir=str(directory),
                 settings=settings,
                 reinit="create_new",
             )
