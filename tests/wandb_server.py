@@ -17,9 +17,20 @@ stream in the ``X-Wandb-Async-Client-Id`` header, and the fake keeps offsets
 per (client id, file). Config is kept as the latest UpsertBucket sent it (a
 shared-mode process sends only the metric definitions it made).
 
+Rules of the real server it keeps, each with its source:
+
+- A run id that was created and then deleted cannot be used again: its
+  UpsertBucket is answered 409, "run E/P/ID was previously created and
+  deleted; try a new run name" (wandb issues 1192, 4897, 10669; the message
+  and status as the server sends them). ``delete_run(id)`` deletes one.
+- Rate limits: a 429 with a Retry-After header, which the client honours
+  and retries (W&B docs, "limits"; wandb-core's retry policy, backoff.go).
+  ``rate_limit(n)`` answers the next n requests so.
+
 Faults for tests: ``go_down()`` closes the listening socket (connections are
 refused) and ``go_up()`` listens again on the same port; ``fail_with(500)``
 answers every request (or only "graphql" or "file_stream") with that status;
+``fail_history_after(n, 500)`` accepts n history posts, then fails the rest;
 ``hold_uploads()`` records history posts but leaves them unanswered until
 ``release_uploads()``: the client waits for a confirmation that does not come.
 """
@@ -82,6 +93,9 @@ class FakeWandb:
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, graphql operation)
         self.unknown_operations: list[str] = []
         self._failure: tuple[int, str] | None = None
+        self._history_budget: tuple[int, int] | None = None  # (posts still accepted, status after)
+        self._rate_limited = 0
+        self.deleted: set[str] = set()
         self._released = threading.Event()
         self._released.set()
         self._server: ThreadingHTTPServer | None = None
@@ -137,6 +151,22 @@ class FakeWandb:
         assert paths in ("all", "graphql", "file_stream")
         self._failure = None if status is None else (status, paths)
 
+    def fail_history_after(self, accepted: int, status: int) -> None:
+        """Accept ``accepted`` more file_stream posts that carry history, then answer the rest with ``status``."""
+        self._history_budget = (accepted, status)
+
+    def rate_limit(self, requests: int) -> None:
+        """Answer the next ``requests`` requests with 429 and Retry-After: 1."""
+        with self._lock:
+            self._rate_limited = requests
+
+    def delete_run(self, run_id: str) -> None:
+        """Delete a run (in any project): its id may not be used again (409)."""
+        with self._lock:
+            self.deleted.add(run_id)
+            for key in [k for k in self.runs if k[2] == run_id]:
+                del self.runs[key]
+
     def hold_uploads(self) -> None:
         """Record history posts but leave them unanswered until release_uploads()."""
         self._released.clear()
@@ -166,20 +196,45 @@ class FakeWandb:
             self.runs[key] = FakeRun(entity, project, run_id)
         return self.runs[key]
 
+    def rate_limited(self) -> bool:
+        with self._lock:
+            if self._rate_limited <= 0:
+                return False
+            self._rate_limited -= 1
+            return True
+
+    def history_refused(self, body: dict[str, Any]) -> int | None:
+        """The status a history post gets once the budget of fail_history_after is spent."""
+        if self._history_budget is None or "wandb-history.jsonl" not in (body.get("files") or {}):
+            return None
+        with self._lock:
+            left, status = self._history_budget
+            if left > 0:
+                self._history_budget = (left - 1, status)
+                return None
+            return status
+
     def failing(self, kind: str) -> int | None:
         if self._failure is None:
             return None
         status, paths = self._failure
         return status if paths in ("all", kind) else None
 
-    def graphql(self, body: dict[str, Any]) -> dict[str, Any]:
+    def graphql(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """(HTTP status, answer) for a GraphQL request."""
         query = body.get("query", "")
         variables = body.get("variables") or {}
         match = re.search(r"\b(?:query|mutation)\s+(\w+)", query)
         operation = match.group(1) if match else ""
         with self._lock:
             self.requests.append(("POST", "/graphql", operation))
-            return self._answer(operation, query, variables)
+            run_id = variables.get("name") or ""
+            if operation == "UpsertBucket" and run_id in self.deleted:
+                entity = variables.get("entity") or "walbuf-test"
+                project = variables.get("project") or "uncategorized"
+                message = f"run {entity}/{project}/{run_id} was previously created and deleted; try a new run name"
+                return 409, {"errors": [{"message": message}]}
+            return 200, self._answer(operation, query, variables)
 
     def _answer(self, operation: str, query: str, variables: dict[str, Any]) -> dict[str, Any]:
         if operation == "UpsertBucket":
@@ -291,6 +346,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _reply(self, status: int, payload: Any) -> None:
         data = json.dumps(payload).encode()
         self.send_response(status)
+        if status == 429:
+            self.send_header("Retry-After", "1")
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -311,17 +368,23 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         raw = self._body()
+        if self.path in ("/graphql", "/files") or self.path.endswith("/file_stream"):
+            if self.fake.rate_limited():
+                return self._reply(429, {"errors": [{"message": "rate limit exceeded"}]})
         if self.path == "/graphql":
             failing = self.fake.failing("graphql")
             if failing:
                 return self._reply(failing, {"errors": [{"message": "injected failure"}]})
-            return self._reply(200, self.fake.graphql(json.loads(raw)))
+            return self._reply(*self.fake.graphql(json.loads(raw)))
         match = re.fullmatch(r"/files/([^/]+)/([^/]+)/([^/]+)/file_stream", self.path)
         if match:
             failing = self.fake.failing("file_stream")
             if failing:
                 return self._reply(failing, {"error": "injected failure"})
             body = json.loads(raw)
+            refused = self.fake.history_refused(body)
+            if refused:
+                return self._reply(refused, {"error": "injected failure after earlier batches were accepted"})
             self.fake.file_stream(*match.groups(), self.headers.get("X-Wandb-Async-Client-Id", ""), body)
             if "wandb-history.jsonl" in (body.get("files") or {}) or body.get("complete"):
                 self.fake._released.wait()

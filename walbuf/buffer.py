@@ -83,10 +83,12 @@ class DatabaseBuffer:
         """The database sync uploads from. The caller holds the sync lock."""
         return Storage(self.backend, access="write")
 
-    def records(self, run: str | None = None, writer: str | None = None) -> Iterator[Record]:
-        """Every record (of one run / writer if given), in the order logged, from one snapshot."""
+    def records(
+        self, run: str | None = None, writer: str | None = None, *, quarantined: bool = False
+    ) -> Iterator[Record]:
+        """Every record (of one run / writer if given; only the quarantined ones), in the order logged, from one snapshot."""
         with self.open_store("read") as storage:
-            yield from storage.read(run=run, writer=writer)
+            yield from storage.read(run=run, writer=writer, quarantined=quarantined)
 
     def size(self) -> int:
         """Bytes the buffer takes."""
@@ -181,8 +183,13 @@ def _sqlite_file(path: Path, create: bool) -> DatabaseBuffer:
     return DatabaseBuffer(SQLiteBackend(path))
 
 
-def read(buffer: Location, *, run: str | None = None, writer: str | None = None) -> Iterator[Record]:
+def read(
+    buffer: Location, *, run: str | None = None, writer: str | None = None, quarantined: bool = False
+) -> Iterator[Record]:
     """Yield the records in a buffer (of one run / writer if given), in the order logged.
+
+    With ``quarantined``, only those a sync quarantined, each with the reason
+    (Record.quarantined): W&B refuses them for good, so they are never sent.
 
     Reads one consistent snapshot: records committed after the first one is
     yielded are not included. Never creates or changes anything: a missing
@@ -191,4 +198,4 @@ def read(buffer: Location, *, run: str | None = None, writer: str | None = None)
     those of each shard this host can read (every sealed one, its own live
     ones) that the hub lacks; another host's live shard is not read.
     """
-    yield from open_buffer(buffer).records(run=run, writer=writer)
+    yield from open_buffer(buffer).records(run=run, writer=writer, quarantined=quarantined)

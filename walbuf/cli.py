@@ -32,7 +32,8 @@ from .syncer import RunSync, SyncResult
 from .syncer import sync as sync_buffer
 
 EXIT_HELP = exitcodes.help_text()
-CRON_MAX_SECONDS = 540.0  # ends each sync before the next one of a 10-minute crontab starts
+CRON_MAX_SECONDS = 540.0
+QUARANTINE_SHOWN = 5  # quarantined records named one by one; the rest are counted  # ends each sync before the next one of a 10-minute crontab starts
 
 
 def _say_what_walbuf_waits_for() -> None:
@@ -61,16 +62,16 @@ def main() -> None:
 
 
 def _json_line(record: Record) -> str:
-    return json.dumps(
-        {
-            "run": record.run,
-            "writer": record.writer,
-            "step": record.step,
-            "time": record.time,
-            "metrics": record.metrics,
-        },
-        allow_nan=True,
-    )
+    line: dict[str, Any] = {
+        "run": record.run,
+        "writer": record.writer,
+        "step": record.step,
+        "time": record.time,
+        "metrics": record.metrics,
+    }
+    if record.quarantined is not None:
+        line["quarantined"] = record.quarantined
+    return json.dumps(line, allow_nan=True)
 
 
 @main.command(epilog=EXIT_HELP)
@@ -78,14 +79,17 @@ def _json_line(record: Record) -> str:
 @click.option("--run", help="Only records of this run.")
 @click.option("--writer", help="Only records of this writer.")
 @click.option("--limit", type=click.IntRange(min=0), help="At most this many records.")
-def records(buffer: str, run: str | None, writer: str | None, limit: int | None) -> None:
+@click.option("--quarantined", is_flag=True, help="Only the records a sync quarantined, each with the reason.")
+def records(buffer: str, run: str | None, writer: str | None, limit: int | None, quarantined: bool) -> None:
     """Print the records in BUFFER as JSON lines, in the order they were logged.
 
     NaN and infinities are printed as NaN, Infinity, -Infinity (as Python's
-    json module reads them). Reading changes nothing.
+    json module reads them). A quarantined record (W&B refuses it for good,
+    so it is never sent) has a "quarantined" field with the reason.
+    Reading changes nothing.
     """
     with _errors():
-        for n, record in enumerate(read(buffer, run=run, writer=writer)):
+        for n, record in enumerate(read(buffer, run=run, writer=writer, quarantined=quarantined)):
             if limit is not None and n >= limit:
                 break
             click.echo(_json_line(record))
@@ -221,6 +225,21 @@ def _run_sync(options: dict[str, Any], *, dry_run: bool, quiet: bool, verbose: b
                 f" and was set again to {c.new_value!r} (by {c.new_writer}): W&B gets the later value",
                 err=True,
             )
+        for q in run.quarantined[:QUARANTINE_SHOWN]:
+            click.echo(f"walbuf: warning: run {run.run}: quarantined {q.writer} step {q.step}: {q.reason}", err=True)
+        if len(run.quarantined) > QUARANTINE_SHOWN:
+            click.echo(
+                f"walbuf: warning: run {run.run}: and {len(run.quarantined) - QUARANTINE_SHOWN} more records quarantined",
+                err=True,
+            )
+        if run.quarantined:
+            click.echo(
+                f"walbuf: warning: run {run.run}: {len(run.quarantined)} records quarantined: never sent, kept in the"
+                f" buffer; see them with `walbuf records {options['buffer']} --quarantined`",
+                err=True,
+            )
+        for r in run.refused_settings:
+            click.echo(f"walbuf: warning: run {run.run}: {r.kind} {r.key!r} (from {r.writer}) left out: {r.reason}", err=True)
     return result
 
 
@@ -240,6 +259,8 @@ def sync(dry_run: bool, quiet: bool, verbose: bool, **options: Any) -> None:
     with _errors():
         result = _run_sync(options, dry_run=dry_run, quiet=quiet, verbose=verbose)
     if quiet:
+        if result.needs_a_person:
+            sys.exit(exitcodes.QUARANTINED.code)
         return
     if not result.runs and not result.not_in_hub:
         click.echo("nothing to sync")
@@ -258,6 +279,8 @@ def sync(dry_run: bool, quiet: bool, verbose: bool, **options: Any) -> None:
             f"  {result.unreadable_shards} live shards of other hosts are not readable from here"
             " until they are sealed (see walbuf status)"
         )
+    if result.needs_a_person:
+        sys.exit(exitcodes.QUARANTINED.code)
 
 
 @click.command(epilog=EXIT_HELP)
@@ -284,6 +307,12 @@ def cron(**options: Any) -> None:
         then = "will retry" if code.retry else "needs a person"
         click.echo(f"{stamp} walbuf sync {buffer}: exit {code.code}, {then}: {exc}")
         sys.exit(0 if code.retry else code.code)
+    if result.needs_a_person:
+        click.echo(
+            f"{stamp} walbuf sync {buffer}: exit {exitcodes.QUARANTINED.code}, needs a person:"
+            f" {result.records} records synced, {result.quarantined} quarantined (see the warnings above)"
+        )
+        sys.exit(exitcodes.QUARANTINED.code)
     click.echo(f"{stamp} walbuf sync {buffer}: ok, {result.records} records synced")
 
 
@@ -308,12 +337,16 @@ def status(buffer: str, as_json: bool) -> None:
         click.echo("  no runs yet")
     for run in report.runs:
         target = "/".join(p or "-" for p in (run.entity, run.project, run.wandb_id))
-        click.echo(f"run {run.run} -> W&B {target}: {run.records} records, {run.pending} pending")
+        held = f", {run.quarantined} quarantined" if run.quarantined else ""
+        click.echo(f"run {run.run} -> W&B {target}: {run.records} records, {run.pending} pending{held}")
+        if run.target_refused:
+            click.echo(f"  not sent: W&B refused its target: {run.target_refused}")
         for w in run.writers:
             last = "-" if w.last_step is None else w.last_step
+            held = f", {w.quarantined} quarantined" if w.quarantined else ""
             click.echo(
                 f"  {w.writer:<24} {w.records:>9} records {w.pending:>9} pending"
-                f"  axis {w.step_axis}, last step {last}"
+                f"  axis {w.step_axis}, last step {last}{held}"
             )
         if run.last_sync is None:
             click.echo("  never synced")

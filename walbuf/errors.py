@@ -84,6 +84,13 @@ class TargetConflictError(WalbufError, ValueError):
     """A W&B run id, project or entity that differs from what the buffer holds for the run."""
 
 
+class TargetRefusedError(ConfigError):
+    """W&B refused the run's target: no such entity or project, no permission there, a deleted run's id.
+
+    The run stays blocked until a sync gives another target (--project, --entity, --run-id).
+    """
+
+
 class SyncLockedError(WalbufError):
     """Another syncer of the same buffer is running."""
 
@@ -119,6 +126,7 @@ __all__ = [
     "BufferFullError",
     "WriterConflictError",
     "TargetConflictError",
+    "TargetRefusedError",
     "SyncLockedError",
     "UploadError",
     "WriterClosedError",

@@ -36,6 +36,11 @@ class ExitCode:
 OK = ExitCode(0, "success, or nothing to sync")
 ERROR = ExitCode(1, "other walbuf error (the message says what to do); for `doctor`: something needs a person")
 USAGE = ExitCode(2, "bad command-line usage")
+QUARANTINED = ExitCode(
+    3,
+    "`sync` sent the rest, but W&B refuses some records or settings for good: they are quarantined"
+    " (`walbuf records --quarantined` shows them)",
+)
 LOCKED = ExitCode(11, "another `walbuf sync` of this buffer is running", retry=True)
 DATAERR = ExitCode(
     65, "the buffer is corrupt, not a walbuf buffer, or at a schema this walbuf cannot read without changing it"
@@ -50,7 +55,7 @@ CONFIG = ExitCode(
     " or a setting that conflicts with what the buffer holds",
 )
 
-EXIT_CODES: tuple[ExitCode, ...] = (OK, ERROR, USAGE, LOCKED, DATAERR, NOINPUT, UNAVAILABLE, TEMPFAIL, NOPERM, CONFIG)
+EXIT_CODES: tuple[ExitCode, ...] = (OK, ERROR, USAGE, QUARANTINED, LOCKED, DATAERR, NOINPUT, UNAVAILABLE, TEMPFAIL, NOPERM, CONFIG)
 
 # Most specific first: the first class an error is an instance of decides.
 _FOR_ERROR: tuple[tuple[type[WalbufError], ExitCode], ...] = (

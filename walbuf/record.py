@@ -34,7 +34,8 @@ class Record:
 
     ``step`` is the writer's own step (its step axis), ``time`` the wall-clock
     time (seconds since the epoch) at which log() was called, ``metrics`` the
-    flattened metrics.
+    flattened metrics. ``quarantined`` is why a sync quarantined the record
+    (W&B refuses it for good, so it is never sent); None for the others.
     """
 
     run: str
@@ -42,6 +43,7 @@ class Record:
     step: int
     time: float
     metrics: dict[str, Value]
+    quarantined: str | None = None
 
 
 def _scalar(value: Any) -> Any:

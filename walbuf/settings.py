@@ -33,6 +33,7 @@ from .buffer import Buffer, Location, open_buffer
 from .errors import ArgumentTypeError, ConfigError
 from .store import Durability, Target
 from .store.backend import DURABILITY_LEVELS
+from .store.target import check_target
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -122,10 +123,12 @@ class WriterSettings:
             step_axis=step_axis,
             durability=durability,
             wait=float(wait),
-            target=Target(
-                wandb_id=_optional("run_id", options.get("run_id")),
-                project=_optional("project", options.get("project")),
-                entity=_optional("entity", options.get("entity")),
+            target=check_target(
+                Target(
+                    wandb_id=_optional("run_id", options.get("run_id")),
+                    project=_optional("project", options.get("project")),
+                    entity=_optional("entity", options.get("entity")),
+                )
             ),
         )
 

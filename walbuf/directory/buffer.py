@@ -86,12 +86,19 @@ class DirectoryBuffer:
             raise
         return hub
 
-    def records(self, run: str | None = None, writer: str | None = None) -> Iterator[Record]:
-        """The records this host can see: the hub's, then what the hub lacks of each shard it may read."""
+    def records(
+        self, run: str | None = None, writer: str | None = None, *, quarantined: bool = False
+    ) -> Iterator[Record]:
+        """The records this host can see: the hub's, then what the hub lacks of each shard it may read.
+
+        With ``quarantined``, only those a sync quarantined (all in the hub).
+        """
         hub = self.open_store("read")
         try:
             if hub is not None:
-                yield from hub.read(run=run, writer=writer)
+                yield from hub.read(run=run, writer=writer, quarantined=quarantined)
+            if quarantined:
+                return
             for shard in self.layout.readable_shards(host_name()):
                 cursors = _cursors(hub, shard)
                 with ShardReader.of(shard) as reader:

@@ -260,6 +260,25 @@ def _sync_findings(findings: list[Finding], storage: Storage, buffer: DatabaseBu
         )
     for run in run_status:
         add(Finding(f"run {run.run}", True, f"{run.records} records, {run.pending} pending"))
+        if run.quarantined:
+            add(
+                Finding(
+                    f"run {run.run} quarantine",
+                    False,
+                    f"{run.quarantined} records quarantined: W&B refuses them, so they are never sent",
+                    "see them and why with walbuf records BUFFER --quarantined; prune removes them with the"
+                    " synced records",
+                )
+            )
+        if run.target_refused:
+            add(
+                Finding(
+                    f"run {run.run} target",
+                    False,
+                    f"not sent: W&B refused its target: {run.target_refused}",
+                    "walbuf sync with --project, --entity or --run-id to give another",
+                )
+            )
         last = run.last_sync
         if last is not None and last.status == "failed":
             add(

@@ -21,7 +21,7 @@ from ..buffer import Location, open_buffer
 from ..directory import DirectoryBuffer
 from ..errors import ConfigError
 from ..store import Storage
-from ..store.schema import records, writers
+from ..store.schema import quarantine, records, writers
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -92,6 +92,8 @@ def _delete_synced(storage: Storage, older_than: float, vacuum: bool) -> int:
             # greatest(), spelt so that SQLite and PostgreSQL both read it.
             .values(pruned_step=sa.case((writers.c.pruned_step > last_pruned, writers.c.pruned_step), else_=last_pruned))
         )
+        # A quarantined record goes with the synced ones: its cursor passed it.
+        conn.execute(quarantine.delete().where(quarantine.c.record_id.in_(sa.select(records.c.id).where(doomed))))
         deleted = conn.execute(records.delete().where(doomed)).rowcount
     if vacuum and deleted:
         storage.reclaim()

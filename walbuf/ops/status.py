@@ -9,7 +9,7 @@ import sqlalchemy as sa
 
 from ..buffer import Location, open_buffer
 from ..directory import DirectoryBuffer
-from ..store.schema import records, runs, syncs, writers
+from ..store.schema import quarantine, records, runs, syncs, writers
 
 SyncState = Literal["running", "ok", "failed", "interrupted"]
 
@@ -24,6 +24,7 @@ class WriterStatus:
     host: str  # who opened the writer last
     pid: int
     opened_at: float
+    quarantined: int = 0  # records a sync quarantined: W&B refuses them for good, never sent
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,9 @@ class RunStatus:
     pending: int
     writers: tuple[WriterStatus, ...]
     last_sync: SyncStatus | None
+    quarantined: int = 0
+    # Why W&B refused the run's target (it is not sent until a sync gives another); None if it did not.
+    target_refused: str | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,14 @@ def read_runs(conn: sa.Connection) -> list[RunStatus]:
             .group_by(records.c.writer_id)
         )
     }
+    held_back = {
+        writer_id: n
+        for writer_id, n in conn.execute(
+            sa.select(records.c.writer_id, sa.func.count())
+            .select_from(quarantine.join(records))
+            .group_by(records.c.writer_id)
+        )
+    }
     per_run: dict[int, list[WriterStatus]] = {}
     for w in conn.execute(sa.select(writers).order_by(writers.c.run_id, writers.c.name)):
         c = counts.get(w.id)
@@ -129,6 +141,7 @@ def read_runs(conn: sa.Connection) -> list[RunStatus]:
                 host=w.host,
                 pid=w.pid,
                 opened_at=w.opened_at,
+                quarantined=held_back.get(w.id, 0),
             )
         )
     result = []
@@ -146,6 +159,8 @@ def read_runs(conn: sa.Connection) -> list[RunStatus]:
                 records=sum(w.records for w in members),
                 pending=sum(w.pending for w in members),
                 writers=tuple(members),
+                quarantined=sum(w.quarantined for w in members),
+                target_refused=run.target_refused,
                 last_sync=None
                 if last is None
                 else SyncStatus(

@@ -15,7 +15,7 @@ from ..errors import NotABufferError, SchemaTooNewError
 
 # Every revision in migrations/versions, oldest first. The newest is the schema
 # this code reads and writes; tests check this list against Alembic's own.
-KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005")
+KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006")
 HEAD_REVISION = KNOWN_REVISIONS[-1]
 
 # Record ids are sync cursors. 64-bit in PostgreSQL; in SQLite the column
@@ -38,6 +38,9 @@ runs = sa.Table(
     sa.Column("offline_step", sa.BigInteger, nullable=False, server_default="0"),
     # The newest config entry of the run that a sync has sent.
     sa.Column("config_id", RecordId, nullable=False, server_default="0"),
+    # Why W&B refused the stored target (no such project, a deleted run...):
+    # until a sync gives another, the run is not sent. None: not refused.
+    sa.Column("target_refused", sa.Text),
 )
 
 writers = sa.Table(
@@ -131,6 +134,18 @@ shard_cursors = sa.Table(
     sa.Column("last_id", sa.BigInteger, nullable=False),
     # ... and of the last config entry copied.
     sa.Column("config_id", sa.BigInteger, nullable=False, server_default="0"),
+)
+
+
+# Records that W&B refuses for a reason a retry cannot fix (a key or value it
+# cannot take): never sent, kept with the reason until prune removes them
+# with the synced records. Their writer's cursor passes them.
+quarantine = sa.Table(
+    "quarantine",
+    metadata,
+    sa.Column("record_id", RecordId, sa.ForeignKey("records.id"), primary_key=True),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("time", sa.Float, nullable=False),
 )
 
 

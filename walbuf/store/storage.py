@@ -31,6 +31,7 @@ from .schema import (
     check_known,
     config_entries,
     inserted_id,
+    quarantine,
     records,
     runs,
     upgrade,
@@ -286,11 +287,20 @@ class Storage:
             return inserted_id(conn.execute(runs.insert().values(name=run, created_at=now)))
         return int(run_id)
 
-    def read(self, run: str | None = None, writer: str | None = None) -> Iterator[Record]:
-        """Every record (of one run / writer if given), in the order they were logged."""
+    def read(
+        self, run: str | None = None, writer: str | None = None, *, quarantined: bool = False
+    ) -> Iterator[Record]:
+        """Every record (of one run / writer if given), in the order they were logged.
+
+        With ``quarantined``, only the records a sync quarantined (each with its reason).
+        """
+        joined = records.join(writers).join(runs)
+        joined = joined.join(quarantine, isouter=not quarantined)
         query = (
-            sa.select(runs.c.name, writers.c.name, records.c.step, records.c.time, records.c.metrics)
-            .select_from(records.join(writers).join(runs))
+            sa.select(
+                runs.c.name, writers.c.name, records.c.step, records.c.time, records.c.metrics, quarantine.c.reason
+            )
+            .select_from(joined)
             .order_by(records.c.id)
         )
         if run is not None:
@@ -299,4 +309,4 @@ class Storage:
             query = query.where(writers.c.name == writer)
         with self.begin_read() as conn:
             for row in conn.execution_options(yield_per=1000).execute(query):
-                yield Record(row[0], row[1], row[2], row[3], decode(row[4]))
+                yield Record(row[0], row[1], row[2], row[3], decode(row[4]), row[5])

@@ -6,8 +6,16 @@ from dataclasses import asdict, dataclass
 
 import sqlalchemy as sa
 
-from ..errors import TargetConflictError
+from ..errors import ConfigError, TargetConflictError
 from .schema import runs
+
+# wandb's own rules, as its SDK checks them before it sends anything
+# (wandb/sdk/wandb_settings.py, validate_run_id and validate_project). The
+# SDK does not check an entity; the server looks it up. An entity is a part
+# of W&B's URLs, so the project's rules are applied to it too.
+RUN_ID_RESERVED = ":;,#?/'"
+NAME_RESERVED = "/\\#?%:"
+MAX_NAME = 128
 
 
 @dataclass(frozen=True)
@@ -17,6 +25,33 @@ class Target:
     wandb_id: str | None = None
     project: str | None = None
     entity: str | None = None
+
+
+def check_target(target: Target) -> Target:
+    """``target`` if W&B's rules allow each part; else ConfigError naming the part and the rule."""
+    run_id = target.wandb_id
+    if run_id is not None:
+        if not run_id.strip():
+            raise ConfigError(f"W&B run id {run_id!r} is blank")
+        if run_id != run_id.strip():
+            raise ConfigError(f"W&B run id {run_id!r} starts or ends with whitespace, which W&B refuses")
+        bad = sorted(set(RUN_ID_RESERVED) & set(run_id))
+        if bad:
+            raise ConfigError(f"W&B run id {run_id!r} contains {''.join(bad)!r}; W&B refuses any of {RUN_ID_RESERVED!r} in a run id")
+    for part, value in (("project", target.project), ("entity", target.entity)):
+        if value is None:
+            continue
+        if not value.strip():
+            raise ConfigError(f"W&B {part} {value!r} is blank")
+        if len(value) > MAX_NAME:
+            raise ConfigError(f"W&B {part} {value[:20]!r}... is longer than W&B's {MAX_NAME} characters")
+        bad = sorted(set(NAME_RESERVED) & set(value))
+        if bad:
+            raise ConfigError(
+                f"W&B {part} {value!r} contains {''.join(bad)!r}; W&B refuses any of {NAME_RESERVED!r} in the {part}"
+                + (" (give the entity with --entity, not as part of the project)" if part == "project" and "/" in value else "")
+            )
+    return target
 
 
 def read_target(conn: sa.Connection, run_id: int) -> Target:

@@ -15,11 +15,11 @@ import secrets
 import socket
 import string
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, astuple, dataclass, replace
 
 import sqlalchemy as sa
 
-from ..errors import ConfigError
+from ..errors import ConfigError, TargetRefusedError
 from ..store import Storage, Target
 from ..store.schema import config_entries, inserted_id, records, runs, syncs, writers
 from ..store.target import merge_target, read_target, set_target
@@ -126,7 +126,7 @@ def plan(
             mode=mode,
             records=sum(counts.values()),
             per_writer={found[w].name: n for w, n in counts.items() if n},
-            possibly_duplicated=_interrupted(conn, run_id, found, low, high, dry_run),
+            possibly_duplicated=_possibly_delivered(conn, run_id, found, low, high, dry_run),
         )
         sync_id = 0
         if not dry_run:
@@ -179,25 +179,55 @@ def _id_of_nth_pending(conn: sa.Connection, found: dict[int, PlanWriter], low: i
 
 
 def _target(conn: sa.Connection, run_id: int, name: str, overrides: Target, dry_run: bool) -> Target:
-    target = merge_target(read_target(conn, run_id), overrides, name)
+    """The run's W&B target, with ``overrides`` filling what it lacks; a run id generated if none.
+
+    A target W&B refused (runs.target_refused) is not used again: overrides
+    replace it, and without any the run raises TargetRefusedError.
+    """
+    stored = read_target(conn, run_id)
+    refused = conn.execute(sa.select(runs.c.target_refused).where(runs.c.id == run_id)).scalar_one()
+    if refused is None:
+        target = merge_target(stored, overrides, name)
+    elif overrides == Target():
+        raise TargetRefusedError(
+            f"run {name!r} is not sent: W&B refused its target ({_target_text(stored)}) at an earlier sync:"
+            f" {refused}; give another with --project, --entity or --run-id"
+        )
+    else:
+        target = Target(*(given or old for given, old in zip(astuple(overrides), astuple(stored))))
     if dry_run:
         return target
     if target.wandb_id is None:
         # Stored before the upload, so that a retry goes to the same W&B run.
         target = replace(target, wandb_id=generate_run_id())
+    if refused is not None:
+        conn.execute(runs.update().where(runs.c.id == run_id).values(**asdict(target)))
+        return target
     return set_target(conn, run_id, name, target)
 
 
-def _interrupted(
+def _target_text(target: Target) -> str:
+    return "/".join(part or "-" for part in (target.entity, target.project, target.wandb_id))
+
+
+def _possibly_delivered(
     conn: sa.Connection, run_id: int, found: dict[int, PlanWriter], low: int, high: int, dry_run: bool
 ) -> int:
-    """Close the entries of syncs of this run that died mid-upload; count what they may have sent."""
-    cut_off = sa.and_(syncs.c.run_id == run_id, syncs.c.status == "running")
-    reach = conn.scalar(sa.select(sa.func.max(syncs.c.last_id)).where(cut_off))
-    if reach is None:
-        return 0
+    """Pending records that an earlier upload of this run may have delivered; close the entries of dead syncers.
+
+    An upload that was cut off (its syncer died: still "running"; or it was
+    interrupted) or failed may have delivered some of its records before it
+    ended: those are sent again, and W&B may then hold them twice. A failed
+    or interrupted upload's entry reaches as far as it handed records to
+    wandb; a dead syncer's, as far as it planned.
+    """
+    dead = sa.and_(syncs.c.run_id == run_id, syncs.c.status == "running")
+    unconfirmed = sa.and_(syncs.c.run_id == run_id, syncs.c.status.in_(("running", "interrupted", "failed")))
+    reach = conn.scalar(sa.select(sa.func.max(syncs.c.last_id)).where(unconfirmed))
     if not dry_run:
         conn.execute(
-            syncs.update().where(cut_off).values(status="interrupted", message="the syncer died during the upload")
+            syncs.update().where(dead).values(status="interrupted", message="the syncer died during the upload")
         )
+    if reach is None:
+        return 0
     return sum(_pending_counts(conn, found, low, min(reach, high)).values())

@@ -26,6 +26,25 @@ class ConfigChange:
 
 
 @dataclass(frozen=True)
+class Quarantined:
+    """A record W&B would refuse for good: never sent, kept in the buffer with the reason."""
+
+    writer: str
+    step: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class RefusedSetting:
+    """A config or summary key W&B would refuse for good: left out of what the sync sends."""
+
+    kind: str  # "config" or "summary"
+    key: str
+    writer: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class RunSync:
     """What one sync of one run did (or, in a dry run or before its upload, will do)."""
 
@@ -39,6 +58,14 @@ class RunSync:
     offline_dir: str | None = None
     # Config keys whose value a later Writer.config() replaced, since the last sync.
     config_changes: tuple[ConfigChange, ...] = ()
+    # Records quarantined by this sync, and config or summary keys it left out (set since the last sync).
+    quarantined: tuple[Quarantined, ...] = ()
+    refused_settings: tuple[RefusedSetting, ...] = ()
+
+    @property
+    def needs_a_person(self) -> bool:
+        """Whether W&B refused part of what the run holds (see quarantined and refused_settings)."""
+        return bool(self.quarantined or self.refused_settings)
 
 
 @dataclass(frozen=True)
@@ -56,3 +83,13 @@ class SyncResult:
     @property
     def records(self) -> int:
         return sum(r.records for r in self.runs)
+
+    @property
+    def quarantined(self) -> int:
+        """Records quarantined by this sync, over all runs."""
+        return sum(len(r.quarantined) for r in self.runs)
+
+    @property
+    def needs_a_person(self) -> bool:
+        """Whether W&B refused part of what a run holds (quarantined records, left-out settings)."""
+        return any(r.needs_a_person for r in self.runs)

@@ -37,6 +37,7 @@ from ..buffer import Buffer, Location, open_buffer
 from ..directory import DirectoryBuffer
 from ..errors import ConfigError, SyncLockedError
 from ..store import Storage, Target
+from ..store.target import check_target
 from ..store.schema import syncs
 from ..store.sqlite import SQLiteBackend
 from .plan import Budget, plan, runs_to_sync
@@ -94,8 +95,8 @@ def sync(
             raise ConfigError(f"{name} must be a finite number of seconds, not {value!r}")
     if max_seconds is not None and max_seconds <= 0:
         raise ConfigError(f"max_seconds must be positive, not {max_seconds!r}")
+    overrides = check_target(Target(run_id, project, entity))
     located = open_buffer(buffer)
-    overrides = Target(run_id, project, entity)
     budget = Budget(max_records, max_seconds)
     if dry_run:
         return _dry_run(located, run, overrides, mode, budget)

@@ -17,13 +17,20 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from ..errors import ConfigError, UploadError
-from ..record import decode
+from ..errors import (
+    ConfigError,
+    MetricTypeError,
+    MetricValueError,
+    TargetRefusedError,
+    UploadError,
+    WalbufError,
+)
+from ..record import Value, check_line, decode, encode_config, flatten
 from ..store import Storage
-from ..store.schema import config_entries, metric_keys, records, runs, syncs, writers
+from ..store.schema import config_entries, metric_keys, quarantine, records, runs, syncs, writers
 from ..store.target import set_target
 from .plan import Budget, Plan, PlanWriter, pending_filter
-from .results import ConfigChange, RunSync, SyncMode
+from .results import ConfigChange, Quarantined, RefusedSetting, RunSync, SyncMode
 
 READ_CHUNK = 2000  # records per read transaction: short snapshots let the WAL checkpoint
 PROGRESS_EVERY = 100  # records between calls of the progress callback
@@ -39,18 +46,26 @@ def upload(
 ) -> RunSync:
     """Send the plan's records, within the budget; what was sent, once wandb confirmed it.
 
-    Raises UploadError (W&B unreachable or failing) or ConfigError (refused
-    credentials or settings) with nothing advanced; the sync's entry is
-    marked failed.
-    """
-    from .wandb_run import WandbRun  # wandb is imported only when something is sent
+    A record W&B would refuse for good (it breaks walbuf's rules for what
+    W&B takes, as an older walbuf let in, or wandb refuses its data) is
+    quarantined: not sent, kept in the buffer with the reason, passed by its
+    writer's cursor. The records after it go on.
 
-    merged, changes, config_id = _config(storage, plan)
+    Raises UploadError (W&B unreachable or failing: retry later) or
+    ConfigError (what a retry cannot fix) with nothing advanced and nothing
+    quarantined; the sync's entry is marked failed, as far as records were
+    handed to wandb. A TargetRefusedError also marks the run's target
+    refused, so that no later sync uses it again.
+    """
+    from .wandb_run import RowRefused, WandbRun  # wandb is imported only when something is sent
+
+    merged, changes, refused_settings, config_id = _config(storage, plan)
     with storage.begin_read() as conn:
         offline_step = conn.scalar(sa.select(runs.c.offline_step).where(runs.c.id == plan.run_id)) or 0
     known = _known_keys(storage, plan)
     new_keys: set[tuple[int, str]] = set()
-    sent, last_sent, unreported = 0, plan.low, 0
+    quarantined: list[tuple[int, Quarantined]] = []
+    sent, last_handled, unreported = 0, plan.low, 0
     counts: dict[str, int] = {}
     try:
         wandb_run = WandbRun(plan.report.target, plan.report.run, mode, directory)
@@ -66,19 +81,27 @@ def upload(
             prefix = writer.name + "/"
             axis = prefix + writer.step_axis
             values = decode(metrics)
-            for key in values:
-                if (writer.id, key) not in known:
-                    wandb_run.define_metric(prefix + key, axis)
-                    known.add((writer.id, key))
-                    new_keys.add((writer.id, key))
-            row: dict[str, object] = {prefix + key: value for key, value in values.items()}
-            row[axis] = step
-            # W&B's wall-clock axis shows when the record was logged, not synced.
-            row["_timestamp"] = wall_time
-            wandb_run.log(row, step=offline_step + sent if mode == "offline" else None)
-            sent += 1
-            last_sent = record_id
-            counts[writer.name] = counts.get(writer.name, 0) + 1
+            problem = _breaks_the_rules(values, metrics, writer)
+            if problem is None:
+                new = [key for key in values if (writer.id, key) not in known]
+                try:
+                    for key in new:
+                        wandb_run.define_metric(prefix + key, axis)
+                    row: dict[str, object] = {prefix + key: value for key, value in values.items()}
+                    row[axis] = step
+                    # W&B's wall-clock axis shows when the record was logged, not synced.
+                    row["_timestamp"] = wall_time
+                    wandb_run.log(row, step=offline_step + sent if mode == "offline" else None)
+                except RowRefused as exc:
+                    problem = str(exc)
+                else:
+                    known.update((writer.id, key) for key in new)
+                    new_keys.update((writer.id, key) for key in new)
+                    sent += 1
+                    counts[writer.name] = counts.get(writer.name, 0) + 1
+            if problem is not None:
+                quarantined.append((record_id, Quarantined(writer.name, step, problem)))
+            last_handled = record_id
             budget.take()
             if progress is not None:
                 unreported += 1
@@ -89,20 +112,25 @@ def upload(
             wandb_run.update_summary(merged["summary"])
         wandb_run.finish()
     except (UploadError, ConfigError) as exc:
-        _close_entry(storage, plan, "failed", str(exc))
+        _failed(storage, plan, exc, last_handled)
         raise
     if progress is not None and unreported:
         progress(unreported)
+    now = time.time()
     with storage.begin_write() as conn:
         conn.execute(
             writers.update()
-            .where(writers.c.id.in_(list(plan.writers)), writers.c.synced_id < last_sent)
-            .values(synced_id=last_sent)
+            .where(writers.c.id.in_(list(plan.writers)), writers.c.synced_id < last_handled)
+            .values(synced_id=last_handled)
         )
         if new_keys:
             conn.execute(metric_keys.insert(), [{"writer_id": w, "key": k} for w, k in sorted(new_keys)])
+        if quarantined:
+            conn.execute(
+                quarantine.insert(), [{"record_id": rid, "reason": q.reason, "time": now} for rid, q in quarantined]
+            )
         set_target(conn, plan.run_id, plan.report.run, wandb_run.target)
-        conn.execute(runs.update().where(runs.c.id == plan.run_id).values(config_id=config_id))
+        conn.execute(runs.update().where(runs.c.id == plan.run_id).values(config_id=config_id, target_refused=None))
         if mode == "offline":
             conn.execute(
                 runs.update().where(runs.c.id == plan.run_id).values(offline_step=runs.c.offline_step + sent)
@@ -110,7 +138,7 @@ def upload(
         conn.execute(
             syncs.update()
             .where(syncs.c.id == plan.sync_id)
-            .values(status="ok", finished_at=time.time(), records=sent, last_id=last_sent)
+            .values(status="ok", finished_at=now, records=sent, last_id=last_handled)
         )
     return replace(
         plan.report,
@@ -119,7 +147,35 @@ def upload(
         target=wandb_run.target,
         offline_dir=wandb_run.offline_dir,
         config_changes=tuple(changes),
+        quarantined=tuple(q for _, q in quarantined),
+        refused_settings=tuple(refused_settings),
     )
+
+
+def _breaks_the_rules(values: dict[str, Value], metrics: str, writer: PlanWriter) -> str | None:
+    """Why W&B would refuse a stored record for good (what log() refuses today), or None.
+
+    A buffer may hold records an older walbuf let in: they are checked
+    again here, with the same rules.
+    """
+    try:
+        flatten(values, writer.step_axis)
+        check_line(metrics, len(values), writer.name + "/")
+    except (MetricTypeError, MetricValueError) as exc:
+        return str(exc).replace(" (nothing was written)", "")
+    return None
+
+
+def _failed(storage: Storage, plan: Plan, exc: WalbufError, last_handled: int) -> None:
+    """Mark the sync's entry failed, reaching as far as records were handed to wandb; a refused target too."""
+    with storage.begin_write() as conn:
+        conn.execute(
+            syncs.update()
+            .where(syncs.c.id == plan.sync_id)
+            .values(status="failed", finished_at=time.time(), message=str(exc), last_id=last_handled)
+        )
+        if isinstance(exc, TargetRefusedError):
+            conn.execute(runs.update().where(runs.c.id == plan.run_id).values(target_refused=str(exc)))
 
 
 def _pending(storage: Storage, plan: Plan) -> Iterator[tuple[PlanWriter, int, int, float, str]]:
@@ -141,8 +197,14 @@ def _pending(storage: Storage, plan: Plan) -> Iterator[tuple[PlanWriter, int, in
         after = chunk[-1].id
 
 
-def _config(storage: Storage, plan: Plan) -> tuple[dict[str, dict[str, object]], list[ConfigChange], int]:
-    """The run's config and summary (kind -> each key's latest value), config changed since the last sync, the newest entry's id."""
+def _config(
+    storage: Storage, plan: Plan
+) -> tuple[dict[str, dict[str, object]], list[ConfigChange], list[RefusedSetting], int]:
+    """The run's config and summary (kind -> each key's latest value), what changed or was refused since the last sync, the newest entry's id.
+
+    An entry W&B would refuse (what Writer.config() refuses today; an older
+    walbuf let it in) is left out.
+    """
     with storage.begin_read() as conn:
         synced = conn.scalar(sa.select(runs.c.config_id).where(runs.c.id == plan.run_id)) or 0
         entries = conn.execute(
@@ -159,14 +221,21 @@ def _config(storage: Storage, plan: Plan) -> tuple[dict[str, dict[str, object]],
     merged: dict[str, dict[str, object]] = {"config": {}, "summary": {}}
     setter: dict[str, str] = {}
     changes = []
+    refused = []
     for entry_id, writer_id, kind, key, text in entries:
         value, writer, values = json.loads(text), plan.writers[writer_id].name, merged[kind]
+        try:
+            encode_config({key: value}, kind)
+        except (MetricTypeError, MetricValueError) as exc:
+            if entry_id > synced:
+                refused.append(RefusedSetting(kind, key, writer, str(exc).replace(" (nothing was stored)", "")))
+            continue
         if kind == "config" and key in values and values[key] != value and entry_id > synced:
             changes.append(ConfigChange(key, setter[key], values[key], writer, value))
         values[key] = value
         if kind == "config":
             setter[key] = writer
-    return merged, changes, entries[-1].id if entries else synced
+    return merged, changes, refused, entries[-1].id if entries else synced
 
 
 def _known_keys(storage: Storage, plan: Plan) -> set[tuple[int, str]]:
@@ -177,10 +246,3 @@ def _known_keys(storage: Storage, plan: Plan) -> set[tuple[int, str]]:
         return {(w, k) for w, k in rows}
 
 
-def _close_entry(storage: Storage, plan: Plan, status: str, message: str) -> None:
-    with storage.begin_write() as conn:
-        conn.execute(
-            syncs.update()
-            .where(syncs.c.id == plan.sync_id)
-            .values(status=status, finished_at=time.time(), message=message)
-        )

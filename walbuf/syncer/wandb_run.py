@@ -3,18 +3,32 @@
 It opens one wandb run (shared mode online, wandb's offline mode otherwise)
 with settings for a headless uploader: no console capture, no system metrics,
 no code or git snapshot, bounded retries so that an unreachable server fails
-the sync instead of hanging it. Any failure of wandb's becomes UploadError.
+the sync instead of hanging it.
+
+wandb's failures are sorted by whether a retry can fix them:
+
+- UploadError ("retry later"): the server unreachable or timing out, a 5xx,
+  a 429 that outlasted the retries;
+- ConfigError: what will fail the same way every time: missing or refused
+  credentials, a setting wandb refuses (a malformed WANDB_BASE_URL, a bad
+  run id), any other 4xx (a deleted run's id, no permission, no such
+  entity);
+- RowRefused: wandb refused one row's data (a key or value it cannot take);
+  the syncer quarantines that record and goes on.
+
+Anything else wandb raises is a bug, here or in wandb, and is not caught.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, UploadError
+from ..errors import ConfigError, TargetRefusedError, UploadError, WalbufError
 from ..store import Target
 from .results import SyncMode
 
@@ -55,14 +69,18 @@ class WandbRun:
                 settings=settings,
                 reinit="create_new",
             )
-        except (wandb.errors.UsageError, wandb.errors.AuthenticationError) as exc:
-            # Not a passing outage: retrying from cron would fail the same way forever.
+        except wandb.errors.AuthenticationError as exc:
+            raise ConfigError(f"W&B refused the credentials: {_describe(exc)}; {_LOGIN}") from exc
+        except wandb.errors.UsageError as exc:
+            advice = _LOGIN if "API key" in str(exc) or "login" in str(exc) else "fix the setting it names"
+            raise ConfigError(f"wandb refused to start the upload: {_describe(exc)}; {advice}") from exc
+        except wandb.errors.Error as exc:
+            raise failure(str(exc), f"opening W&B run {target.wandb_id!r}") from exc
+        except ValueError as exc:  # wandb's settings (pydantic) refusing an environment variable
             raise ConfigError(
-                f"W&B refused the credentials: {_describe(exc)}; run `wandb login`"
-                " or set WANDB_API_KEY (and WANDB_BASE_URL for a private server)"
+                f"wandb refused a setting: {_describe(exc)}; check WANDB_BASE_URL and the other WANDB_*"
+                " variables of this environment"
             ) from exc
-        except Exception as exc:  # wandb raises many kinds; each means the upload cannot start
-            raise UploadError(f"W&B did not open run {target.wandb_id!r}: {_describe(exc)}") from exc
 
     @property
     def target(self) -> Target:
@@ -77,41 +95,80 @@ class WandbRun:
         return str(Path(self._run.dir).parent)
 
     def define_metric(self, key: str, step_metric: str) -> None:
-        """Declare ``key`` to be plotted against ``step_metric`` (both history keys, as logged)."""
+        """Declare ``key`` to be plotted against ``step_metric`` (both history keys, as logged).
+
+        Raises RowRefused if wandb refuses the name.
+        """
+        import wandb
+
         try:
             self._run.define_metric(_escape(key), step_metric=_escape(step_metric))
-        except Exception as exc:  # the upload cannot go on; the records stay pending
-            raise UploadError(f"wandb refused to declare metric {key!r}: {_describe(exc)}") from exc
+        except (ValueError, TypeError, wandb.errors.Error) as exc:  # local: about the name, not the network
+            raise RowRefused(f"wandb refused to declare metric {key!r}: {_describe(exc)}") from exc
 
     def update_config(self, config: dict[str, Any]) -> None:
         """Set the run's config keys (the latest value of each, as the buffer holds them)."""
-        try:
-            self._run.config.update(config, allow_val_change=True)
-        except Exception as exc:  # the upload cannot go on; the records stay pending
-            raise UploadError(f"wandb refused the run config: {_describe(exc)}") from exc
+        self._run.config.update(config, allow_val_change=True)
 
     def update_summary(self, summary: dict[str, Any]) -> None:
         """Set run summary keys (after the rows: a row would replace a key it also holds)."""
-        try:
-            self._run.summary.update(summary)
-        except Exception as exc:  # the upload cannot go on; the records stay pending
-            raise UploadError(f"wandb refused the run summary: {_describe(exc)}") from exc
+        self._run.summary.update(summary)
 
     def log(self, row: dict[str, Any], step: int | None = None) -> None:
+        """Send one history row; RowRefused if wandb refuses its data."""
         try:
             self._run.log(row, step=step)
-        except Exception as exc:  # the upload cannot go on; the records stay pending
-            raise UploadError(f"wandb refused a row: {_describe(exc)}") from exc
+        except (ValueError, TypeError) as exc:
+            raise RowRefused(f"wandb refused the row: {_describe(exc)}") from exc
 
     def finish(self) -> None:
-        """Finish the run; raise UploadError unless wandb confirms everything was uploaded."""
+        """Finish the run; raise UploadError or ConfigError unless wandb confirms everything was uploaded."""
+        import wandb
+
         try:
             self._run.finish()
-        except Exception as exc:
-            raise UploadError(f"W&B did not accept the upload: {_describe(exc)}") from exc
-        failure = _upload_failure(self._run)
-        if failure is not None:
-            raise UploadError(f"W&B did not accept the upload: {failure}")
+        except wandb.errors.Error as exc:
+            raise failure(str(exc), "finishing the upload") from exc
+        problem = _upload_failure(self._run)
+        if problem is not None:
+            raise failure(problem, "the upload")
+
+
+class RowRefused(Exception):
+    """wandb refused one row's data: the same row would be refused again. Caught by the syncer."""
+
+
+_LOGIN = "run `wandb login` or set WANDB_API_KEY (and WANDB_BASE_URL for a private server)"
+_STATUS = re.compile(r"\bHTTP (\d{3})\b|\b(\d{3}) [A-Z][a-z]+(?: [A-Z][a-z]+)* url=|\"status\":(\d{3})")
+
+
+def failure(message: str, doing: str) -> WalbufError:
+    """The error for a failure of wandb's: UploadError if a retry can fix it, else ConfigError.
+
+    A retry can fix what has no HTTP status (a refused or dropped
+    connection, a timeout), a 5xx, a 408 or a 429. Any other 4xx is the
+    server's answer, and it will answer the same way next time.
+    """
+    codes = [int(next(g for g in m if g)) for m in _STATUS.findall(message)]
+    lasting = [c for c in codes if 400 <= c < 500 and c not in (408, 429)]
+    first_line = message.strip().splitlines()[0] if message.strip() else "no detail"
+    if not lasting:
+        return UploadError(f"W&B failed while {doing}, so nothing was marked synced: {first_line}; retry later")
+    code = lasting[-1]
+    lines = message.strip().splitlines()
+    detail = next((line for line in lines if str(code) in line), lines[-1])[:300]
+    if code == 401:
+        return ConfigError(f"W&B refused {doing} (HTTP 401): {detail}; {_LOGIN}")
+    if code in (403, 404, 409):
+        if "previously created and deleted" in message:
+            advice = (
+                "W&B does not take a deleted run's id again: restore the run in W&B (a deleted run can be"
+                " restored for a while), or give another with --run-id"
+            )
+        else:
+            advice = "check the project and entity (walbuf status shows them) and that your W&B user may write there"
+        return TargetRefusedError(f"W&B refused {doing} (HTTP {code}): {detail}; {advice}")
+    return ConfigError(f"W&B refused {doing} (HTTP {code}): {detail}; W&B answers this the same way each time")
 
 
 def _own_service_only() -> None:
@@ -161,29 +218,34 @@ def _retry_settings() -> dict[str, Any]:
 
 
 def _upload_failure(run: Any) -> str | None:
-    """The first error wandb-core logged for this run, or None.
+    """What wandb-core logged as errors for this run ("" joined lines), or None if nothing.
 
     run.finish() returns normally even when wandb-core gave up on the upload
     (seen with wandb 0.31: the file_stream failing with HTTP 500, or the
     server gone, after retries). What wandb-core does report is an ERROR
     record in the run's internal log (JSON lines, settings.log_internal);
-    each sync is its own wandb process and run directory, so every line there
-    is about this upload. Any error counts: the records stay pending and are
-    sent again, at worst twice, never lost.
+    each sync has a run directory of its own, so every line there is about
+    this upload. Any error counts: the records stay pending and are sent
+    again, at worst twice, never lost. The lines keep their HTTP status
+    (a "status" field, or "HTTP 500" in the message), which says whether a
+    retry can help (see failure()).
     """
     path = Path(run.settings.log_internal)
     if not path.exists():
         return "wandb wrote no internal log, so the upload cannot be confirmed"
+    errors = []
     with path.open(encoding="utf-8", errors="replace") as log:
         for line in log:
             if '"level":"ERROR' not in line:
                 continue
             try:
-                message = json.loads(line).get("msg", line)
+                entry = json.loads(line)
             except json.JSONDecodeError:
-                message = line
-            return str(message).splitlines()[0][:300]
-    return None
+                errors.append(line.strip())
+                continue
+            status = f' "status":{entry["status"]}' if isinstance(entry.get("status"), int) else ""
+            errors.append(f"{entry.get('msg', line.strip())}{status}")
+    return "\n".join(errors) if errors else None
 
 
 def _describe(exc: BaseException) -> str:

@@ -1,0 +1,175 @@
+"""What W&B refuses for good: quarantined records, refused targets, and failures a retry cannot fix.
+
+A record W&B would refuse (one an older walbuf let in: inserted here with
+SQL, as it stored them) is quarantined: never sent, kept with its reason,
+and the records after it go on. A target W&B refuses blocks its run until a
+sync gives another. What a retry cannot fix exits 78, not 75. Every
+assertion about uploads is on what the fake server holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import walbuf
+from conftest import rows_of, run_sql, run_sync
+
+pytestmark = [pytest.mark.backends("sqlite", "postgresql"), pytest.mark.slow]
+
+
+def status(buffer):
+    proc = subprocess.run([sys.executable, "-m", "walbuf", "status", str(buffer), "--json"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)["runs"][0]
+
+
+def log_steps(buffer, steps, writer="w"):
+    with walbuf.Writer(buffer, writer=writer, run="exp") as w:
+        for step in steps:
+            w.log({"i": step}, step=step)
+
+
+def as_an_older_walbuf_stored_it(buffer, step, metrics_json, writer="w"):
+    """A record that passed an older walbuf's checks: written with SQL, as walbuf stores a record."""
+    (writer_id,) = run_sql(buffer, "SELECT id FROM writers WHERE name = :w", {"w": writer})[0]
+    run_sql(
+        buffer,
+        "INSERT INTO records (writer_id, step, time, metrics) VALUES (:w, :s, 0, :m)",
+        {"w": writer_id, "s": step, "m": metrics_json},
+    )
+
+
+def steps_arrived(server, buffer):
+    return [step for step, _ in rows_of(server.run(status(buffer)["wandb_id"]), "w")]
+
+
+POISON = {
+    "a lone surrogate in a key": ('{"\\ud800": 1}', "is not valid text"),
+    "a newline in a key": ('{"loss\\n": 1}', "control character"),
+    "a reserved name": ('{"_step": 1}', "reserves for itself"),
+    "an 11 MB value": (json.dumps({"blob": "x" * 11_000_000}), "over W&B's limit"),
+}
+
+
+@pytest.mark.parametrize("poison", sorted(POISON))
+def test_a_poison_record_is_quarantined_and_the_others_arrive_once(server, buffer, poison):
+    metrics_json, reason = POISON[poison]
+    log_steps(buffer, [0, 1, 2])
+    as_an_older_walbuf_stored_it(buffer, 3, metrics_json)
+    log_steps(buffer, [4, 5])
+    proc = run_sync(server, buffer)
+    assert proc.returncode == 3, proc.stderr  # sent the rest; a person should look
+    assert "quarantined w step 3" in proc.stderr and reason in proc.stderr
+    assert steps_arrived(server, buffer) == [0, 1, 2, 4, 5]
+    assert (status(buffer)["pending"], status(buffer)["quarantined"]) == (0, 1)
+    again = run_sync(server, buffer)
+    assert again.returncode == 0, again.stderr  # nothing blocks, nothing is sent twice
+    assert steps_arrived(server, buffer) == [0, 1, 2, 4, 5]
+    (held,) = walbuf.read(buffer, quarantined=True)
+    assert held.step == 3 and reason in held.quarantined
+
+
+def test_quarantined_records_are_shown_with_their_reason_and_doctor_asks_for_a_person(server, buffer):
+    log_steps(buffer, [0])
+    as_an_older_walbuf_stored_it(buffer, 1, '{"a\\u0000b": 1}')
+    assert run_sync(server, buffer).returncode == 3
+    proc = subprocess.run(
+        [sys.executable, "-m", "walbuf", "records", str(buffer), "--quarantined"], capture_output=True, text=True
+    )
+    (line,) = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert line["step"] == 1 and "control character" in line["quarantined"]
+    report = walbuf.doctor(buffer)
+    assert {f.check for f in report.findings if not f.ok} == {"run exp quarantine"}
+
+
+def test_prune_removes_quarantined_records_with_the_synced_ones(server, buffer):
+    log_steps(buffer, [0])
+    as_an_older_walbuf_stored_it(buffer, 1, '{"_runtime": 1}')
+    log_steps(buffer, [2])
+    assert run_sync(server, buffer).returncode == 3
+    walbuf.prune(buffer, older_than=0)
+    assert list(walbuf.read(buffer, quarantined=True)) == []
+    assert status(buffer)["quarantined"] == 0
+
+
+def test_a_config_entry_wandb_would_refuse_is_left_out_and_the_rest_arrives(server, buffer):
+    with walbuf.Writer(buffer, writer="w", run="exp") as w:
+        w.config({"lr": 0.1})
+        w.log({"i": 0})
+    (writer_id,) = run_sql(buffer, "SELECT id FROM writers")[0]
+    run_sql(
+        buffer,
+        "INSERT INTO config_entries (writer_id, kind, key, value, time) VALUES (:w, 'config', '_wandb', '1', 0)",
+        {"w": writer_id},
+    )
+    proc = run_sync(server, buffer)
+    assert proc.returncode == 3 and "config '_wandb' (from w) left out" in proc.stderr
+    config = server.run(status(buffer)["wandb_id"]).config
+    assert config["lr"]["value"] == 0.1
+
+
+def test_a_bad_run_id_is_refused_before_anything_is_stored(server, buffer):
+    log_steps(buffer, [0])
+    proc = run_sync(server, buffer, "--run-id", "bad id/x")
+    assert proc.returncode == 78 and "W&B refuses any of" in proc.stderr and "credentials" not in proc.stderr
+    assert status(buffer)["wandb_id"] is None
+    assert run_sync(server, buffer, "--run-id", "good1").returncode == 0  # nothing to conflict with
+    assert steps_arrived(server, buffer) == [0]
+
+
+def test_a_bad_project_given_to_init_is_refused_there(buffer):
+    with pytest.raises(walbuf.ConfigError, match="give the entity with --entity"):
+        walbuf.init(buffer, writer="w", project="team/proj")
+    with pytest.raises(walbuf.ConfigError, match="W&B refuses any of"):
+        walbuf.Writer(buffer, writer="w", run_id="bad id/x")
+
+
+def test_a_deleted_run_is_refused_with_78_and_its_run_waits_for_another_target(server, buffer):
+    log_steps(buffer, [0], writer="w")
+    assert run_sync(server, buffer, "--run-id", "gone1").returncode == 0
+    server.delete_run("gone1")
+    log_steps(buffer, [1])
+    proc = run_sync(server, buffer)
+    assert proc.returncode == 78, proc.stderr
+    assert "previously created and deleted" in proc.stderr and "--run-id" in proc.stderr
+    again = run_sync(server, buffer)  # cron's next try: refused at once, without asking W&B
+    assert again.returncode == 78 and "W&B refused its target" in again.stderr
+    assert status(buffer)["target_refused"]
+    assert run_sync(server, buffer, "--run-id", "fresh1").returncode == 0
+    assert [s for s, _ in rows_of(server.run("fresh1"), "w")] == [1]
+    assert status(buffer)["target_refused"] is None
+
+
+def test_a_malformed_wandb_base_url_exits_78_not_75(server, buffer):
+    log_steps(buffer, [0])
+    proc = run_sync(server, buffer, env={"WANDB_BASE_URL": "htp//not a url"})
+    assert proc.returncode == 78 and "WANDB_BASE_URL" in proc.stderr
+    assert status(buffer)["pending"] == 1
+
+
+def test_a_server_error_after_earlier_batches_exits_75_and_the_next_sync_says_they_may_be_twice(server, buffer):
+    with walbuf.Writer(buffer, writer="w", run="exp") as w:
+        for step in range(3000):  # 27 MB of rows: wandb-core sends at most 10 MiB per post (filestream.go)
+            w.log({"i": step, "pad": "x" * 9000}, step=step)
+    server.fail_history_after(1, 500)  # the first history post is accepted, the rest fail
+    proc = run_sync(server, buffer)
+    assert proc.returncode == 75, proc.stderr
+    assert status(buffer)["pending"] == 3000
+    server.fail_history_after(10**9, 500)  # heals
+    again = run_sync(server, buffer)
+    assert again.returncode == 0, again.stderr
+    assert "were in an earlier upload that was cut off" in again.stderr
+    assert set(steps_arrived(server, buffer)) == set(range(3000))
+
+
+def test_rate_limits_are_waited_out(server, buffer):
+    log_steps(buffer, range(5))
+    server.rate_limit(3)  # 429 with Retry-After, as the real server answers
+    proc = run_sync(server, buffer)
+    assert proc.returncode == 0, proc.stderr
+    assert steps_arrived(server, buffer) == list(range(5))
