@@ -32,7 +32,9 @@ refused) and ``go_up()`` listens again on the same port; ``fail_with(500)``
 answers every request (or only "graphql" or "file_stream") with that status;
 ``fail_history_after(n, 500)`` accepts n history posts, then fails the rest;
 ``hold_uploads()`` records history posts but leaves them unanswered until
-``release_uploads()``: the client waits for a confirmation that does not come.
+``release_uploads()``: the client waits for a confirmation that does not come;
+``stall()`` leaves every request unanswered (a server that accepts
+connections and never answers) until ``unstall()``.
 """
 
 from __future__ import annotations
@@ -98,6 +100,8 @@ class FakeWandb:
         self.deleted: set[str] = set()
         self._released = threading.Event()
         self._released.set()
+        self._answering = threading.Event()
+        self._answering.set()
         self._server: ThreadingHTTPServer | None = None
         self.port = _free_port()
 
@@ -124,6 +128,7 @@ class FakeWandb:
 
     def stop(self) -> None:
         self._released.set()
+        self._answering.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -166,6 +171,13 @@ class FakeWandb:
             self.deleted.add(run_id)
             for key in [k for k in self.runs if k[2] == run_id]:
                 del self.runs[key]
+
+    def stall(self) -> None:
+        """Accept connections, and answer nothing until unstall()."""
+        self._answering.clear()
+
+    def unstall(self) -> None:
+        self._answering.set()
 
     def hold_uploads(self) -> None:
         """Record history posts but leave them unanswered until release_uploads()."""
@@ -339,6 +351,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _body(self) -> bytes:
         data = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.fake._answering.wait()
         if self.headers.get("Content-Encoding") == "gzip":
             data = gzip.decompress(data)
         return data

@@ -80,8 +80,14 @@ class DatabaseBuffer:
         return self.backend.lock_held("sync")
 
     def open_for_sync(self) -> Storage:
-        """The database sync uploads from. The caller holds the sync lock."""
-        return Storage(self.backend, access="write")
+        """The database sync uploads from, checked whole for damage. The caller holds the sync lock."""
+        storage = Storage(self.backend, access="write")
+        try:
+            storage.check_integrity()
+        except BaseException:
+            storage.close()
+            raise
+        return storage
 
     def records(
         self, run: str | None = None, writer: str | None = None, *, quarantined: bool = False

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -45,20 +47,38 @@ def _say_what_walbuf_waits_for() -> None:
     logger.setLevel(logging.INFO)
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C's KeyboardInterrupt so that a sync stops as cleanly."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise _Terminated("SIGTERM")
+
+
 @contextmanager
 def _errors() -> Iterator[None]:
-    """Turn walbuf's errors into one line on stderr and a documented exit code."""
+    """Turn walbuf's errors into one line on stderr and a documented exit code; Ctrl-C and SIGTERM too."""
     try:
         yield
     except WalbufError as exc:
         click.echo(f"walbuf: error: {exc}", err=True)
         sys.exit(exitcodes.for_error(exc).code)
+    except KeyboardInterrupt as exc:
+        code = exitcodes.SIGTERM if isinstance(exc, _Terminated) else exitcodes.SIGINT
+        name = "SIGTERM" if code is exitcodes.SIGTERM else "Ctrl-C (SIGINT)"
+        click.echo(
+            f"walbuf: error: stopped by {name}; an upload it cut off is marked interrupted, nothing it sent"
+            " is marked synced, and the next sync sends it again (W&B may then hold some records twice)",
+            err=True,
+        )
+        sys.exit(code.code)
 
 
 @click.group(epilog=EXIT_HELP)
 @click.version_option(__version__, prog_name="walbuf")
 def main() -> None:
     """walbuf: a local write-ahead-log buffer for experiment metrics, synced to W&B."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
 
 
 def _json_line(record: Record) -> str:
@@ -101,6 +121,21 @@ def _target_text(run: RunSync) -> str:
     return f"{where}/{t.wandb_id or '(new run id)'}"
 
 
+class _Seconds(click.ParamType):
+    """A finite, positive number of seconds."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not (math.isfinite(seconds) and seconds > 0):
+            self.fail(f"{value!r} is not a finite number of seconds above 0", param, ctx)
+        return seconds
+
+
 def _sync_options(command: Any) -> Any:
     """The options of `walbuf sync`, which `walbuf-cron` takes too."""
     options = [
@@ -124,7 +159,11 @@ def _sync_options(command: Any) -> Any:
         click.option(
             "--max-records", type=click.IntRange(min=1), help="Send at most this many records; the rest waits for the next sync."
         ),
-        click.option("--max-seconds", type=click.FloatRange(min=0, min_open=True), help="Stop sending after this many seconds."),
+        click.option(
+            "--max-seconds",
+            type=_Seconds(),
+            help="End the whole sync within this many seconds, wandb's start and finish included; the rest waits for the next.",
+        ),
         click.option(
             "--wait",
             type=click.FloatRange(min=0),
@@ -262,7 +301,9 @@ def sync(dry_run: bool, quiet: bool, verbose: bool, **options: Any) -> None:
         if result.needs_a_person:
             sys.exit(exitcodes.QUARANTINED.code)
         return
-    if not result.runs and not result.not_in_hub:
+    if result.stopped_early:
+        click.echo("stopped at the --max-records or --max-seconds bound; the rest waits for the next sync")
+    elif not result.runs and not result.not_in_hub:
         click.echo("nothing to sync")
     for run in result.runs:
         if dry_run:
@@ -296,6 +337,7 @@ def cron(**options: Any) -> None:
     its exit code, so that cron mails it. Install it with walbuf and give
     cron its full path: it needs nothing on cron's PATH.
     """
+    signal.signal(signal.SIGTERM, _on_sigterm)
     if options["max_seconds"] is None:
         options["max_seconds"] = CRON_MAX_SECONDS
     buffer = options["buffer"]
@@ -307,6 +349,10 @@ def cron(**options: Any) -> None:
         then = "will retry" if code.retry else "needs a person"
         click.echo(f"{stamp} walbuf sync {buffer}: exit {code.code}, {then}: {exc}")
         sys.exit(0 if code.retry else code.code)
+    except KeyboardInterrupt as exc:
+        code = exitcodes.SIGTERM if isinstance(exc, _Terminated) else exitcodes.SIGINT
+        click.echo(f"{stamp} walbuf sync {buffer}: exit {code.code}: {code.meaning}")
+        sys.exit(code.code)
     if result.needs_a_person:
         click.echo(
             f"{stamp} walbuf sync {buffer}: exit {exitcodes.QUARANTINED.code}, needs a person:"

@@ -49,13 +49,15 @@ NOINPUT = ExitCode(66, "the buffer does not exist")
 UNAVAILABLE = ExitCode(69, "the buffer's PostgreSQL server cannot be reached; retry later", retry=True)
 TEMPFAIL = ExitCode(75, "W&B unreachable or failed: nothing was marked synced; retry later", retry=True)
 NOPERM = ExitCode(77, "this process may not write the buffer: `records`, `status` and `doctor` still read it")
+SIGINT = ExitCode(130, "interrupted by Ctrl-C (SIGINT): nothing the cut-off upload sent is marked synced")
+SIGTERM = ExitCode(143, "stopped by SIGTERM: nothing the cut-off upload sent is marked synced")
 CONFIG = ExitCode(
     78,
     "an unusable setting, missing or refused W&B credentials,"
     " or a setting that conflicts with what the buffer holds",
 )
 
-EXIT_CODES: tuple[ExitCode, ...] = (OK, ERROR, USAGE, QUARANTINED, LOCKED, DATAERR, NOINPUT, UNAVAILABLE, TEMPFAIL, NOPERM, CONFIG)
+EXIT_CODES: tuple[ExitCode, ...] = (OK, ERROR, USAGE, QUARANTINED, LOCKED, DATAERR, NOINPUT, UNAVAILABLE, TEMPFAIL, NOPERM, CONFIG, SIGINT, SIGTERM)
 
 # Most specific first: the first class an error is an instance of decides.
 _FOR_ERROR: tuple[tuple[type[WalbufError], ExitCode], ...] = (

@@ -78,6 +78,7 @@ class DirectoryBuffer:
         hub = self.open_store("create")
         assert hub is not None
         try:
+            hub.check_integrity()
             host = host_name()
             seal_idle(self.layout, host)
             ingest(self.layout, hub, host)

@@ -106,6 +106,10 @@ class Backend:
         """``conn`` set up for one consistent snapshot across statements."""
         return conn
 
+    def damage(self, engine: sa.Engine) -> str | None:
+        """What a quick check of the whole database finds wrong (None: nothing). Reads only."""
+        return None  # PostgreSQL checks its own pages (and checksums) as it reads them
+
     def reclaim(self, engine: sa.Engine) -> None:
         """Give the space of deleted records back (to the filesystem where the kind can)."""
         raise NotImplementedError

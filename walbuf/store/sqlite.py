@@ -161,6 +161,13 @@ class SQLiteBackend(Backend):
     def appender(self, engine: sa.Engine) -> Appender:
         return _SQLiteAppender(self, engine)
 
+    def damage(self, engine: sa.Engine) -> str | None:
+        # quick_check reads every page (86 MB, a million records: a quarter
+        # of a second here) and finds what a read of some records would not.
+        with engine.connect() as conn:
+            found = [row[0] for row in conn.exec_driver_sql("PRAGMA quick_check").fetchall()]
+        return None if found == ["ok"] else "; ".join(found[:3])
+
     def reclaim(self, engine: sa.Engine) -> None:
         # On the driver connection: VACUUM cannot run inside a transaction.
         raw = engine.raw_connection()

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 
 from ..errors import (
     BufferBusyError,
+    BufferCorruptError,
     BufferNotFoundError,
     BufferNotWritableError,
     ConfigError,
@@ -191,6 +192,16 @@ class Storage:
     def size(self) -> int:
         with self.translate_errors():
             return self.backend.size(self.engine)
+
+    def check_integrity(self) -> None:
+        """Raise BufferCorruptError if the database is damaged anywhere (not only where a read looks)."""
+        with self.translate_errors():
+            damage = self.backend.damage(self.engine)
+        if damage is not None:
+            raise BufferCorruptError(
+                f"{self.location} is damaged ({damage}), so nothing is sent from it: run walbuf doctor,"
+                " then copy it aside and recover it with `sqlite3 FILE .recover`"
+            )
 
     def reclaim(self) -> None:
         with self.translate_errors():

@@ -23,30 +23,13 @@ from ..errors import ConfigError, TargetRefusedError
 from ..store import Storage, Target
 from ..store.schema import config_entries, inserted_id, records, runs, syncs, writers
 from ..store.target import merge_target, read_target, set_target
+from .budget import Budget
 from .results import RunSync, SyncMode
 
 
 def generate_run_id() -> str:
     """A new W&B run id: 8 random base-36 digits, as wandb makes them."""
     return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
-
-
-class Budget:
-    """What one invocation may still send: records, and time (a monotonic deadline)."""
-
-    def __init__(self, max_records: int | None, max_seconds: float | None) -> None:
-        self.remaining = max_records
-        self.deadline = None if max_seconds is None else time.monotonic() + max_seconds
-
-    def spent(self) -> bool:
-        return (self.remaining is not None and self.remaining <= 0) or (
-            self.deadline is not None and time.monotonic() >= self.deadline
-        )
-
-    def take(self) -> None:
-        """One record sent."""
-        if self.remaining is not None:
-            self.remaining -= 1
 
 
 @dataclass(frozen=True)

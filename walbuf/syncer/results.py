@@ -79,6 +79,8 @@ class SyncResult:
     # and other hosts' live shards, which it cannot read yet.
     not_in_hub: int = 0
     unreadable_shards: int = 0
+    # The bounds (max_records, max_seconds) ended the sync with records still pending.
+    stopped_early: bool = False
 
     @property
     def records(self) -> int:

@@ -35,12 +35,13 @@ import sqlalchemy as sa
 
 from ..buffer import Buffer, Location, open_buffer
 from ..directory import DirectoryBuffer
-from ..errors import ConfigError, SyncLockedError
+from ..errors import ConfigError, SyncLockedError, UploadError
 from ..store import Storage, Target
 from ..store.target import check_target
 from ..store.schema import syncs
 from ..store.sqlite import SQLiteBackend
-from .plan import Budget, plan, runs_to_sync
+from .budget import Budget, OutOfTime
+from .plan import plan, runs_to_sync
 from .results import SYNC_MODES, RunSync, SyncMode, SyncResult
 from .upload import upload
 
@@ -110,16 +111,25 @@ def sync(
     try:
         with located.open_for_sync() as storage, _wandb_folder(storage, directory, mode) as folder:
             done = []
+            stopped = False
             for name in runs_to_sync(storage, run, run_id):
                 if budget.spent():
+                    stopped = True
                     break
                 planned = plan(storage, name, overrides, mode, budget, dry_run=False)
                 if planned is None:
                     continue
                 if on_run is not None:
                     on_run(planned.report)
-                done.append(upload(storage, planned, mode, folder, budget, progress))
-            return SyncResult(runs=tuple(done))
+                try:
+                    done.append(upload(storage, planned, mode, folder, budget, progress))
+                except OutOfTime as exc:
+                    raise UploadError(
+                        f"{exc} before W&B confirmed the upload of run {name!r}, so nothing of it is marked"
+                        " synced; the next sync sends it again (give it more time with --max-seconds)"
+                    ) from None
+                stopped = stopped or done[-1].records + len(done[-1].quarantined) < planned.report.records
+            return SyncResult(runs=tuple(done), stopped_early=stopped)
     finally:
         lock.release()
 
@@ -130,6 +140,7 @@ def _dry_run(buffer: Buffer, run: str | None, overrides: Target, mode: SyncMode,
     storage = buffer.open_store("read")
     if storage is not None:
         with storage:
+            storage.check_integrity()
             for name in runs_to_sync(storage, run, overrides.wandb_id):
                 found = plan(storage, name, overrides, mode, budget, dry_run=True)
                 if found is not None:

@@ -9,28 +9,32 @@ transaction; a failed upload changes nothing but the sync's own log entry.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
 from ..errors import (
-    ConfigError,
     MetricTypeError,
     MetricValueError,
+    StorageError,
     TargetRefusedError,
-    UploadError,
-    WalbufError,
 )
 from ..record import Value, check_line, decode, encode_config, flatten
 from ..store import Storage
 from ..store.schema import config_entries, metric_keys, quarantine, records, runs, syncs, writers
 from ..store.target import set_target
-from .plan import Budget, Plan, PlanWriter, pending_filter
+from .budget import Budget
+from .plan import Plan, PlanWriter, pending_filter
 from .results import ConfigChange, Quarantined, RefusedSetting, RunSync, SyncMode
+
+if TYPE_CHECKING:
+    from .wandb_run import WandbRun
 
 READ_CHUNK = 2000  # records per read transaction: short snapshots let the WAL checkpoint
 PROGRESS_EVERY = 100  # records between calls of the progress callback
@@ -51,105 +55,144 @@ def upload(
     quarantined: not sent, kept in the buffer with the reason, passed by its
     writer's cursor. The records after it go on.
 
-    Raises UploadError (W&B unreachable or failing: retry later) or
-    ConfigError (what a retry cannot fix) with nothing advanced and nothing
-    quarantined; the sync's entry is marked failed, as far as records were
-    handed to wandb. A TargetRefusedError also marks the run's target
-    refused, so that no later sync uses it again.
+    Raises UploadError (W&B unreachable or failing: retry later),
+    ConfigError (what a retry cannot fix), OutOfTime (the budget's hard
+    stop) or KeyboardInterrupt with nothing advanced and nothing
+    quarantined; the sync's entry is closed as failed or interrupted, as far
+    as records were handed to wandb. A TargetRefusedError also marks the
+    run's target refused, so that no later sync uses it again.
     """
-    from .wandb_run import RowRefused, WandbRun  # wandb is imported only when something is sent
+    from .wandb_run import WandbRun  # wandb is imported only when something is sent
 
     merged, changes, refused_settings, config_id = _config(storage, plan)
-    with storage.begin_read() as conn:
-        offline_step = conn.scalar(sa.select(runs.c.offline_step).where(runs.c.id == plan.run_id)) or 0
-    known = _known_keys(storage, plan)
-    new_keys: set[tuple[int, str]] = set()
-    quarantined: list[tuple[int, Quarantined]] = []
-    sent, last_handled, unreported = 0, plan.low, 0
-    counts: dict[str, int] = {}
+    replay = _Replay(storage, plan, mode, budget, progress)
     try:
-        wandb_run = WandbRun(plan.report.target, plan.report.run, mode, directory)
-        if merged["config"]:
-            # All of it, every time: W&B keeps the config of the latest update.
-            wandb_run.update_config(merged["config"])
-        for writer_id, key in sorted(known):
-            writer = plan.writers[writer_id]
-            wandb_run.define_metric(f"{writer.name}/{key}", f"{writer.name}/{writer.step_axis}")
-        for writer, record_id, step, wall_time, metrics in _pending(storage, plan):
-            if budget.spent():
-                break
-            prefix = writer.name + "/"
-            axis = prefix + writer.step_axis
-            values = decode(metrics)
-            problem = _breaks_the_rules(values, metrics, writer)
-            if problem is None:
-                new = [key for key in values if (writer.id, key) not in known]
-                try:
-                    for key in new:
-                        wandb_run.define_metric(prefix + key, axis)
-                    row: dict[str, object] = {prefix + key: value for key, value in values.items()}
-                    row[axis] = step
-                    # W&B's wall-clock axis shows when the record was logged, not synced.
-                    row["_timestamp"] = wall_time
-                    wandb_run.log(row, step=offline_step + sent if mode == "offline" else None)
-                except RowRefused as exc:
-                    problem = str(exc)
-                else:
-                    known.update((writer.id, key) for key in new)
-                    new_keys.update((writer.id, key) for key in new)
-                    sent += 1
-                    counts[writer.name] = counts.get(writer.name, 0) + 1
-            if problem is not None:
-                quarantined.append((record_id, Quarantined(writer.name, step, problem)))
-            last_handled = record_id
-            budget.take()
-            if progress is not None:
-                unreported += 1
-                if unreported >= PROGRESS_EVERY:
-                    progress(unreported)
-                    unreported = 0
-        if merged["summary"]:
-            wandb_run.update_summary(merged["summary"])
-        wandb_run.finish()
-    except (UploadError, ConfigError) as exc:
-        _failed(storage, plan, exc, last_handled)
+        with budget.hard_stop():
+            wandb_run = WandbRun(
+                plan.report.target, plan.report.run, mode, directory, init_timeout=budget.init_timeout()
+            )
+            replay.into(wandb_run, merged)
+            wandb_run.finish()
+    except BaseException as exc:
+        # Whatever ended the upload is raised on; first its entry is closed
+        # (as far as records were handed to wandb), unless the buffer itself
+        # is what failed. Ctrl-C, or SIGTERM as the command turns it into a
+        # KeyboardInterrupt, is an interruption.
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        why = f"interrupted ({exc or 'SIGINT'})" if interrupted else str(exc) or type(exc).__name__
+        with contextlib.suppress(StorageError):
+            _failed(storage, plan, "interrupted" if interrupted else "failed", why, replay.last_handled)
+            if isinstance(exc, TargetRefusedError):
+                _refuse_target(storage, plan, str(exc))
         raise
-    if progress is not None and unreported:
-        progress(unreported)
+    replay.report_progress()
     now = time.time()
     with storage.begin_write() as conn:
         conn.execute(
             writers.update()
-            .where(writers.c.id.in_(list(plan.writers)), writers.c.synced_id < last_handled)
-            .values(synced_id=last_handled)
+            .where(writers.c.id.in_(list(plan.writers)), writers.c.synced_id < replay.last_handled)
+            .values(synced_id=replay.last_handled)
         )
-        if new_keys:
-            conn.execute(metric_keys.insert(), [{"writer_id": w, "key": k} for w, k in sorted(new_keys)])
-        if quarantined:
+        if replay.new_keys:
+            conn.execute(metric_keys.insert(), [{"writer_id": w, "key": k} for w, k in sorted(replay.new_keys)])
+        if replay.quarantined:
             conn.execute(
-                quarantine.insert(), [{"record_id": rid, "reason": q.reason, "time": now} for rid, q in quarantined]
+                quarantine.insert(),
+                [{"record_id": rid, "reason": q.reason, "time": now} for rid, q in replay.quarantined],
             )
         set_target(conn, plan.run_id, plan.report.run, wandb_run.target)
         conn.execute(runs.update().where(runs.c.id == plan.run_id).values(config_id=config_id, target_refused=None))
         if mode == "offline":
             conn.execute(
-                runs.update().where(runs.c.id == plan.run_id).values(offline_step=runs.c.offline_step + sent)
+                runs.update().where(runs.c.id == plan.run_id).values(offline_step=runs.c.offline_step + replay.sent)
             )
         conn.execute(
             syncs.update()
             .where(syncs.c.id == plan.sync_id)
-            .values(status="ok", finished_at=now, records=sent, last_id=last_handled)
+            .values(status="ok", finished_at=now, records=replay.sent, last_id=replay.last_handled)
         )
     return replace(
         plan.report,
-        records=sent,
-        per_writer=counts,
+        records=replay.sent,
+        per_writer=replay.counts,
         target=wandb_run.target,
         offline_dir=wandb_run.offline_dir,
         config_changes=tuple(changes),
-        quarantined=tuple(q for _, q in quarantined),
+        quarantined=tuple(q for _, q in replay.quarantined),
         refused_settings=tuple(refused_settings),
     )
+
+
+class _Replay:
+    """The replay of one plan's records into a wandb run, and what it did so far."""
+
+    def __init__(
+        self, storage: Storage, plan: Plan, mode: SyncMode, budget: Budget, progress: Callable[[int], None] | None
+    ) -> None:
+        self.storage, self.plan, self.mode, self.budget, self.progress = storage, plan, mode, budget, progress
+        with storage.begin_read() as conn:
+            self.offline_step = conn.scalar(sa.select(runs.c.offline_step).where(runs.c.id == plan.run_id)) or 0
+        self.known = _known_keys(storage, plan)
+        self.new_keys: set[tuple[int, str]] = set()
+        self.quarantined: list[tuple[int, Quarantined]] = []
+        self.counts: dict[str, int] = {}
+        self.sent = 0
+        self.last_handled = plan.low  # the id of the last record sent or quarantined
+        self.unreported = 0
+
+    def into(self, wandb_run: WandbRun, merged: dict[str, dict[str, object]]) -> None:
+        """The run's config, the metric definitions it has, then the records, then its summary."""
+        if merged["config"]:
+            # All of it, every time: W&B keeps the config of the latest update.
+            wandb_run.update_config(merged["config"])
+        for writer_id, key in sorted(self.known):
+            writer = self.plan.writers[writer_id]
+            wandb_run.define_metric(f"{writer.name}/{key}", f"{writer.name}/{writer.step_axis}")
+        for writer, record_id, step, wall_time, metrics in _pending(self.storage, self.plan):
+            if self.budget.spent():
+                break
+            problem = self._send(wandb_run, writer, step, wall_time, metrics)
+            if problem is not None:
+                self.quarantined.append((record_id, Quarantined(writer.name, step, problem)))
+            self.last_handled = record_id
+            self.budget.take()
+            self.unreported += 1
+            if self.unreported >= PROGRESS_EVERY:
+                self.report_progress()
+        if merged["summary"]:
+            wandb_run.update_summary(merged["summary"])
+
+    def _send(self, wandb_run: WandbRun, writer: PlanWriter, step: int, wall_time: float, metrics: str) -> str | None:
+        """Send one record as a history row; why W&B would refuse it for good, if it would (then nothing is sent)."""
+        from .wandb_run import RowRefused
+
+        values = decode(metrics)
+        problem = _breaks_the_rules(values, metrics, writer)
+        if problem is not None:
+            return problem
+        prefix = writer.name + "/"
+        axis = prefix + writer.step_axis
+        new = [key for key in values if (writer.id, key) not in self.known]
+        try:
+            for key in new:
+                wandb_run.define_metric(prefix + key, axis)
+            row: dict[str, object] = {prefix + key: value for key, value in values.items()}
+            row[axis] = step
+            # W&B's wall-clock axis shows when the record was logged, not synced.
+            row["_timestamp"] = wall_time
+            wandb_run.log(row, step=self.offline_step + self.sent if self.mode == "offline" else None)
+        except RowRefused as exc:
+            return str(exc)
+        self.known.update((writer.id, key) for key in new)
+        self.new_keys.update((writer.id, key) for key in new)
+        self.sent += 1
+        self.counts[writer.name] = self.counts.get(writer.name, 0) + 1
+        return None
+
+    def report_progress(self) -> None:
+        if self.progress is not None and self.unreported:
+            self.progress(self.unreported)
+        self.unreported = 0
 
 
 def _breaks_the_rules(values: dict[str, Value], metrics: str, writer: PlanWriter) -> str | None:
@@ -166,16 +209,24 @@ def _breaks_the_rules(values: dict[str, Value], metrics: str, writer: PlanWriter
     return None
 
 
-def _failed(storage: Storage, plan: Plan, exc: WalbufError, last_handled: int) -> None:
-    """Mark the sync's entry failed, reaching as far as records were handed to wandb; a refused target too."""
+def _failed(storage: Storage, plan: Plan, status: str, message: str, last_handled: int) -> None:
+    """Close the sync's entry as ``status``, reaching as far as records were handed to wandb.
+
+    The next sync counts the pending records up to there as possibly
+    delivered (W&B may then hold them twice).
+    """
     with storage.begin_write() as conn:
         conn.execute(
             syncs.update()
             .where(syncs.c.id == plan.sync_id)
-            .values(status="failed", finished_at=time.time(), message=str(exc), last_id=last_handled)
+            .values(status=status, finished_at=time.time(), message=message, last_id=last_handled)
         )
-        if isinstance(exc, TargetRefusedError):
-            conn.execute(runs.update().where(runs.c.id == plan.run_id).values(target_refused=str(exc)))
+
+
+def _refuse_target(storage: Storage, plan: Plan, message: str) -> None:
+    """No later sync uses the run's target again, until one gives another (see plan._target)."""
+    with storage.begin_write() as conn:
+        conn.execute(runs.update().where(runs.c.id == plan.run_id).values(target_refused=message))
 
 
 def _pending(storage: Storage, plan: Plan) -> Iterator[tuple[PlanWriter, int, int, float, str]]:

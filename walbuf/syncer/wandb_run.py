@@ -40,7 +40,9 @@ class WandbRun:
     the offline run directory, or a working folder the syncer removes.
     """
 
-    def __init__(self, target: Target, name: str, mode: SyncMode, directory: Path) -> None:
+    def __init__(
+        self, target: Target, name: str, mode: SyncMode, directory: Path, *, init_timeout: float = 90.0
+    ) -> None:
         import wandb
 
         _own_service_only()
@@ -56,6 +58,7 @@ class WandbRun:
             disable_git=True,
             disable_job_creation=True,
             silent=True,
+            init_timeout=init_timeout,
             **_retry_settings(),
         )
         directory.mkdir(parents=True, exist_ok=True)
@@ -204,7 +207,6 @@ def _retry_settings() -> dict[str, Any]:
     a blip.
     """
     return {
-        "init_timeout": 90,
         "x_graphql_retry_max": 3,
         "x_graphql_retry_wait_min_seconds": 1,
         "x_graphql_retry_wait_max_seconds": 5,

@@ -1,9 +1,10 @@
-"""What W&B refuses for good: quarantined records, refused targets, and failures a retry cannot fix.
+"""A sync when things go wrong: what W&B refuses for good, a damaged buffer, signals, deadlines.
 
 A record W&B would refuse (one an older walbuf let in: inserted here with
 SQL, as it stored them) is quarantined: never sent, kept with its reason,
 and the records after it go on. A target W&B refuses blocks its run until a
-sync gives another. What a retry cannot fix exits 78, not 75. Every
+sync gives another. What a retry cannot fix exits 78, not 75. A damaged
+buffer sends nothing. Ctrl-C and SIGTERM cut an upload off cleanly. Every
 assertion about uploads is on what the fake server holds.
 """
 
@@ -11,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -173,3 +176,79 @@ def test_rate_limits_are_waited_out(server, buffer):
     proc = run_sync(server, buffer)
     assert proc.returncode == 0, proc.stderr
     assert steps_arrived(server, buffer) == list(range(5))
+
+
+@pytest.mark.backends("sqlite")
+def test_a_buffer_damaged_where_the_sync_does_not_read_sends_nothing_and_exits_65(server, buffer):
+    log_steps(buffer, range(3500))
+    assert run_sync(server, buffer).returncode == 0
+    log_steps(buffer, range(3500, 6300))
+    fake_run = server.run(status(buffer)["wandb_id"])
+    run_sql(buffer, "PRAGMA wal_checkpoint(TRUNCATE)")
+    data = bytearray(buffer.read_bytes())
+    data[len(data) // 4 : len(data) // 4 + 8192] = b"\xff" * 8192  # among the records already synced
+    buffer.write_bytes(bytes(data))
+    proc = run_sync(server, buffer)
+    assert proc.returncode == 65, proc.stderr
+    assert len(fake_run.history) == 3500  # nothing of the 2,800 new records was sent
+    dry = run_sync(server, buffer, "--dry-run")
+    assert dry.returncode == 65
+
+
+@pytest.mark.backends("sqlite")
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_cuts_the_upload_off_cleanly_and_the_next_sync_completes_it(server, buffer, signum, code):
+    log_steps(buffer, range(200))
+    server.hold_uploads()  # the rows are on their way; their confirmation is not
+    syncer = subprocess.Popen(
+        [sys.executable, "-m", "walbuf", "sync", str(buffer), "--quiet"],
+        env={**os.environ, **server.env()}, stderr=subprocess.PIPE, text=True,
+    )
+    server.wait_for_rows(1, timeout=60)
+    syncer.send_signal(signum)
+    _, err = syncer.communicate(timeout=120)
+    server.release_uploads()
+    assert syncer.returncode == code, err
+    assert err.count("\n") == 1 and "walbuf: error: stopped by" in err and "Traceback" not in err
+    assert status(buffer)["last_sync"]["status"] == "interrupted"
+    assert status(buffer)["pending"] == 200
+    again = run_sync(server, buffer)
+    assert again.returncode == 0, again.stderr
+    assert "200 records were in an earlier upload that was cut off" in again.stderr
+    assert set(steps_arrived(server, buffer)) == set(range(200))
+
+
+@pytest.mark.backends("sqlite")
+def test_max_seconds_bounds_the_whole_sync_against_a_server_that_never_answers(server, buffer):
+    log_steps(buffer, range(10))
+    server.stall()
+    start = time.monotonic()
+    proc = run_sync(server, buffer, "--max-seconds", "8")
+    elapsed = time.monotonic() - start
+    server.unstall()
+    assert proc.returncode == 75, proc.stderr
+    assert elapsed < 8 + 12  # the bound, and Python's and wandb's start and exit (101 s before the hard stop)
+    assert status(buffer)["pending"] == 10
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "0", "-1", "soon"])
+def test_max_seconds_must_be_a_finite_positive_number(server, buffer, value):
+    log_steps(buffer, [0])
+    proc = run_sync(server, buffer, "--max-seconds", value)
+    assert proc.returncode == 2 and "--max-seconds" in proc.stderr
+    assert status(buffer)["pending"] == 1
+
+
+@pytest.mark.backends("sqlite")
+def test_max_seconds_ends_waiting_for_a_confirmation_that_does_not_come(server, buffer):
+    log_steps(buffer, range(10))
+    server.hold_uploads()  # wandb opens the run, sends the rows, and waits at its finish
+    start = time.monotonic()
+    proc = run_sync(server, buffer, "--max-seconds", "10")
+    elapsed = time.monotonic() - start
+    server.release_uploads()
+    assert proc.returncode == 75 and "time bound of 10s passed" in proc.stderr, proc.stderr
+    assert elapsed < 10 + 12
+    assert status(buffer)["pending"] == 10
+    again = run_sync(server, buffer)
+    assert again.returncode == 0 and "10 records were in an earlier upload that was cut off" in again.stderr

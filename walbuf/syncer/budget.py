@@ -1,0 +1,79 @@
+"""What one sync may spend: records, and wall-clock time, wandb's start and finish included."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+INIT_TIMEOUT = 90.0  # seconds wandb may take to open a run, with no bound given
+
+
+class OutOfTime(Exception):
+    """The time bound passed while wandb was still working (raised by the hard stop)."""
+
+
+class Budget:
+    """The bounds of one sync invocation: ``max_records`` and ``max_seconds`` (None: unbounded).
+
+    The time is for the whole invocation. Sending stops once what is left
+    is the reserve kept for wandb's finish (a quarter of the bound, between
+    1 and 60 seconds); wandb's start gets what is left less that reserve;
+    and :meth:`hard_stop` raises OutOfTime in the main thread when the
+    bound passes, whatever wandb is waiting for.
+    """
+
+    def __init__(self, max_records: int | None, max_seconds: float | None) -> None:
+        self.remaining = max_records
+        self.max_seconds = max_seconds
+        self.deadline = None if max_seconds is None else time.monotonic() + max_seconds
+        self.reserve = 0.0 if max_seconds is None else min(60.0, max(1.0, max_seconds / 4))
+
+    def spent(self) -> bool:
+        """Whether to stop sending: the records are used up, or only the reserve of time is left."""
+        if self.remaining is not None and self.remaining <= 0:
+            return True
+        return self.deadline is not None and time.monotonic() >= self.deadline - self.reserve
+
+    def take(self) -> None:
+        """One record handled."""
+        if self.remaining is not None:
+            self.remaining -= 1
+
+    def init_timeout(self) -> float:
+        """How long wandb may take to open a run."""
+        if self.deadline is None:
+            return INIT_TIMEOUT
+        return max(1.0, min(INIT_TIMEOUT, self.deadline - self.reserve - time.monotonic()))
+
+    @contextmanager
+    def hard_stop(self) -> Iterator[None]:
+        """Raise OutOfTime in the block once the bound passes (main thread only; elsewhere no hard stop).
+
+        An interval timer (SIGALRM) does it, since wandb may wait on a server
+        that never answers; the timer and handler in place before are put
+        back afterwards, and a timer another part of the program already
+        runs is left alone (no hard stop then).
+        """
+        usable = (
+            self.deadline is not None
+            and threading.current_thread() is threading.main_thread()
+            and signal.getitimer(signal.ITIMER_REAL)[0] == 0
+        )
+        if not usable or self.deadline is None:
+            yield
+            return
+
+        def out_of_time(signum: int, frame: FrameType | None) -> None:
+            raise OutOfTime(f"the sync's time bound of {self.max_seconds:g}s passed")
+
+        previous = signal.signal(signal.SIGALRM, out_of_time)
+        signal.setitimer(signal.ITIMER_REAL, max(0.001, self.deadline - time.monotonic()))
+        try:
+            yield
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
