@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 import walbuf
-from conftest import record_count, run_sql, same_metrics, same_value
+from conftest import fresh_buffer, record_count, run_sql, same_metrics, same_value
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from walbuf.record import MAX_DEPTH, MAX_VALUE_BYTES
 
 ROUND_TRIP = {
@@ -274,3 +276,24 @@ def test_a_star_is_a_plain_character_in_a_config_key(buffer):
     with walbuf.Writer(buffer, writer="w") as w:
         w.config({"glob*": 1})
     assert run_sql(buffer, "SELECT key FROM config_entries") == [("glob*",)]
+
+
+any_text = st.text(max_size=8)  # any code points: control characters, surrogates, blanks
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(metrics=st.dictionaries(any_text, st.one_of(any_text, st.integers(), st.floats(), st.none()), max_size=4))
+def test_log_stores_a_record_exactly_or_refuses_it_and_writes_nothing(metrics):
+    with fresh_buffer("sqlite") as buffer:
+        with walbuf.Writer(buffer, writer="w") as w:
+            try:
+                w.log(metrics)
+            except (walbuf.MetricTypeError, walbuf.MetricValueError):
+                stored = None
+            else:
+                stored = metrics
+        got = [r.metrics for r in walbuf.read(buffer)]
+    if stored is None:
+        assert got == []  # refused: nothing written
+    else:
+        assert len(got) == 1 and same_metrics(got[0], stored)  # stored: exactly as given

@@ -12,8 +12,11 @@ from types import FrameType
 INIT_TIMEOUT = 90.0  # seconds wandb may take to open a run, with no bound given
 
 
-class OutOfTime(Exception):
-    """The time bound passed while wandb was still working (raised by the hard stop)."""
+class OutOfTime(BaseException):
+    """The time bound passed while wandb was still working (raised by the hard stop).
+
+    A BaseException, as KeyboardInterrupt is: wandb catches Exception in places.
+    """
 
 
 class Budget:
