@@ -49,7 +49,7 @@ def test_both_ranks_metrics_and_the_hyperparameters_arrive_once(server, tmp_path
     config = {k: v["value"] for k, v in fake_run.config.items() if k != "_wandb"}
     assert config == {"lr": 0.05, "hidden": 4}
     assert "warning" not in proc.stderr  # both ranks gave the same hyperparameters
-    assert fake_run.metric_definitions()["rank-1/train/loss"] == "rank-1/global_step"
+    assert fake_run.step_metric_of("rank-1/train/loss") == "rank-1/global_step"
 
 
 def test_the_logger_pickles_as_its_settings_and_a_copy_writes_on_its_own(tmp_path):

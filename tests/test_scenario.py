@@ -37,4 +37,4 @@ def test_trainer_and_its_evaluation_processes_arrive_complete_each_record_once(s
     assert [step for step, _ in evals] == [0, 1, 2, 3, 4]
     assert sorted(m["checkpoint_step"] for _, m in evals) == [19, 39, 59, 79, 99]
     assert len(fake_run.history) == 105
-    assert fake_run.metric_definitions()["eval/accuracy"] == "eval/eval_step"
+    assert fake_run.step_metric_of("eval/accuracy") == "eval/eval_step"

@@ -84,10 +84,10 @@ def test_each_metric_is_declared_on_its_writers_step_axis(server, buffer):
     log_records(buffer, "rank-0", 2)
     log_records(buffer, "eval", 1, axis="eval_step")
     assert run_sync(server, buffer).returncode == 0
-    declared = the_run(server, buffer).metric_definitions()
-    assert declared["rank-0/loss"] == "rank-0/step"
-    assert declared["rank-0/i"] == "rank-0/step"
-    assert declared["eval/loss"] == "eval/eval_step"
+    fake_run = the_run(server, buffer)
+    assert fake_run.step_metric_of("rank-0/loss") == "rank-0/step"
+    assert fake_run.step_metric_of("rank-0/i") == "rank-0/step"
+    assert fake_run.step_metric_of("eval/loss") == "eval/eval_step"
 
 
 def test_a_later_sync_declares_the_metrics_of_earlier_ones_again(server, buffer):
@@ -96,8 +96,8 @@ def test_a_later_sync_declares_the_metrics_of_earlier_ones_again(server, buffer)
     with walbuf.Writer(buffer, writer="eval", run="exp1") as w:
         w.log({"acc": 0.5})
     assert run_sync(server, buffer).returncode == 0
-    declared = the_run(server, buffer).metric_definitions()
-    assert declared["rank-0/loss"] == "rank-0/step" and declared["eval/acc"] == "eval/step"
+    fake_run = the_run(server, buffer)
+    assert fake_run.step_metric_of("rank-0/loss") == "rank-0/step" and fake_run.step_metric_of("eval/acc") == "eval/step"
 
 
 def test_dots_in_writer_ids_and_keys_are_literal_in_metric_definitions(server, buffer):
@@ -107,8 +107,8 @@ def test_dots_in_writer_ids_and_keys_are_literal_in_metric_definitions(server, b
     fake_run = the_run(server, buffer)
     (row,) = fake_run.history
     assert row["node1.cluster-7/val.acc"] == 0.5 and "node1" not in row  # no nested copy of the axis
-    declared = fake_run.metric_definitions()
-    assert declared["node1\\.cluster-7/val\\.acc"] == "node1\\.cluster-7/step"
+    assert fake_run.step_metric_of("node1.cluster-7/val.acc") == "node1.cluster-7/step"
+    assert "node1\\.cluster-7/*" in fake_run.metric_definitions()  # the dot is escaped: literal
 
 
 def test_values_of_every_kind_arrive(server, buffer):
@@ -385,7 +385,7 @@ def test_offline_mode_writes_a_run_directory_that_wandb_sync_uploads(server, buf
     assert upload.returncode == 0, upload.stderr
     fake_run = server.run("offline1")
     assert [s for s, _ in rows_of(fake_run, "rank-0")] == [0, 1, 2]
-    assert fake_run.metric_definitions()["rank-0/loss"] == "rank-0/step"
+    assert fake_run.step_metric_of("rank-0/loss") == "rank-0/step"
 
 
 def test_library_sync_reports_what_it_sent(in_process, buffer):

@@ -212,6 +212,7 @@ def test_a_signal_cuts_the_upload_off_cleanly_and_the_next_sync_completes_it(ser
     assert err.count("\n") == 1 and "walbuf: error: stopped by" in err and "Traceback" not in err
     assert status(buffer)["last_sync"]["status"] == "interrupted"
     assert status(buffer)["pending"] == 200
+    assert not server.run(status(buffer)["wandb_id"]).complete  # the interrupted sync left the run's state alone
     again = run_sync(server, buffer)
     assert again.returncode == 0, again.stderr
     assert "200 records were in an earlier upload that was cut off" in again.stderr

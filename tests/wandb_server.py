@@ -67,6 +67,7 @@ class FakeRun:
     files: dict[str, bytes] = field(default_factory=dict)
     complete: bool = False
     exit_code: int | None = None
+    display_name: str | None = None
     # (client stream, file name) -> {line offset: line}
     lines: dict[tuple[str, str], dict[int, str]] = field(default_factory=dict)
 
@@ -83,6 +84,21 @@ class FakeRun:
             for i, e in enumerate(entries)
             if names[i] is not None
         }
+
+    def step_metric_of(self, key: str) -> str | None:
+        """The step metric W&B plots history key ``key`` against: its own definition, else a glob's.
+
+        Names in definitions escape a literal "." as "\\."; a glob is a prefix
+        followed by "*" (wandb-core's runmetric.go, matchGlobMetric).
+        """
+        defined = {name.replace("\\.", "."): step for name, step in self.metric_definitions().items()}
+        unescaped = {name: (step.replace("\\.", ".") if step else None) for name, step in defined.items()}
+        if key in unescaped and not key.endswith("*"):
+            return unescaped[key]
+        for name, step in unescaped.items():
+            if name.endswith("*") and key.startswith(name[:-1]):
+                return step
+        return None
 
 
 class FakeWandb:
@@ -164,6 +180,11 @@ class FakeWandb:
         """Answer the next ``requests`` requests with 429 and Retry-After: 1."""
         with self._lock:
             self._rate_limited = requests
+
+    def rename(self, run_id: str, name: str) -> None:
+        """Rename a run, as a user does in W&B's UI."""
+        with self._lock:
+            self.run(run_id).display_name = name
 
     def delete_run(self, run_id: str) -> None:
         """Delete a run (in any project): its id may not be used again (409)."""
@@ -276,7 +297,10 @@ class FakeWandb:
                 }
             }
         if "serverInfo" in query:
-            return {"data": {"serverInfo": {"features": [], "cliVersionInfo": {}, "latestLocalVersionInfo": None}}}
+            # W&B's server expands glob metric definitions itself (wandb-core asks
+            # for EXPAND_DEFINED_METRIC_GLOBS: runupserter.go, featurechecker).
+            features = [{"name": "EXPAND_DEFINED_METRIC_GLOBS", "isEnabled": True}]
+            return {"data": {"serverInfo": {"features": features, "cliVersionInfo": {}, "latestLocalVersionInfo": None}}}
         if operation == "OrganizationCoreWeaveOrganizationID":
             return {"data": {"entity": None}}
         self.unknown_operations.append(operation or query[:60])
@@ -289,11 +313,13 @@ class FakeWandb:
         run.upserts.append(variables)
         if variables.get("config"):
             run.config = json.loads(variables["config"])
+        if variables.get("displayName"):
+            run.display_name = variables["displayName"]
         return {
             "bucket": {
                 "id": _graphql_id("Run", run.id),
                 "name": run.id,
-                "displayName": variables.get("displayName") or run.id,
+                "displayName": run.display_name or run.id,
                 "description": "",
                 "config": json.dumps(run.config),
                 "sweepName": None,

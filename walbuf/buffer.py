@@ -30,6 +30,7 @@ from .directory.buffer import check_directory
 from .errors import BufferNotFoundError, ConfigError, NotABufferError
 from .record import Record
 from .store import Access, Durability, Storage
+from .store.storage import writer_lock_name
 from .store.backend import Backend, Lock
 from .store.postgresql import PostgresBackend
 from .store.sqlite import SQLiteBackend
@@ -78,6 +79,10 @@ class DatabaseBuffer:
     def sync_running(self) -> bool:
         """Whether a syncer holds the sync lock now. Changes nothing."""
         return self.backend.lock_held("sync")
+
+    def writer_alive(self, run: str, writer: str) -> bool:
+        """Whether a process holds ``writer`` of ``run`` open now. Changes nothing."""
+        return self.backend.lock_held(writer_lock_name(run, writer))
 
     def open_for_sync(self) -> Storage:
         """The database sync uploads from, checked whole for damage. The caller holds the sync lock."""

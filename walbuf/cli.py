@@ -309,6 +309,9 @@ def sync(dry_run: bool, quiet: bool, verbose: bool, **options: Any) -> None:
         if dry_run:
             continue
         click.echo(f"{run.run} -> {_target_text(run)}: {run.records} records synced")
+        if run.finished is not None:
+            why = "every writer closed" if run.finished == 0 else "a writer died without closing"
+            click.echo(f"  finished the W&B run with exit code {run.finished}: {why}")
         if run.offline_dir:
             click.echo(f"  upload it later with: wandb sync {run.offline_dir}")
     if dry_run:
@@ -387,6 +390,8 @@ def status(buffer: str, as_json: bool) -> None:
         click.echo(f"run {run.run} -> W&B {target}: {run.records} records, {run.pending} pending{held}")
         if run.target_refused:
             click.echo(f"  not sent: W&B refused its target: {run.target_refused}")
+        if run.finished_exit is not None:
+            click.echo(f"  the W&B run is finished, with exit code {run.finished_exit}")
         for w in run.writers:
             last = "-" if w.last_step is None else w.last_step
             held = f", {w.quarantined} quarantined" if w.quarantined else ""

@@ -14,7 +14,6 @@ and opens its own there on first use, with that process's writer id.
 from __future__ import annotations
 
 import atexit
-import hashlib
 import logging
 import operator
 import os
@@ -33,7 +32,7 @@ from .record import check_line, encode, encode_config, flatten
 from .settings import WriterSettings
 from .store.backend import Appender, Lock
 from .store.schema import writers
-from .store.storage import ConfigKind, Storage
+from .store.storage import ConfigKind, Storage, writer_lock_name
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -63,9 +62,12 @@ class _Open:
         return self.segment.storage
 
     def close(self) -> None:
-        self.appender.close()
-        self.segment.release()  # a directory buffer's shard is sealed if this was its last user
-        self.owner.release()
+        try:
+            self.appender.close()
+            self.storage.mark_closed(self.writer_pk)
+        finally:
+            self.segment.release()  # a directory buffer's shard is sealed if this was its last user
+            self.owner.release()
 
     def abandon(self) -> None:
         """In a forked child: the handles are the parent's; let go without closing them."""
@@ -179,8 +181,7 @@ class Writer:
 
     def _own(self, storage: Storage, appender: Appender, writer: str) -> Lock:
         run, wait = self.settings.run, self.settings.wait
-        digest = hashlib.sha256(f"{run}\0{writer}".encode()).hexdigest()[:24]
-        owner = storage.backend.writer_lock(f"writer-{digest}", appender)
+        owner = storage.backend.writer_lock(writer_lock_name(run, writer), appender)
         acquired = owner.acquire(timeout=0)
         if not acquired and wait > 0:
             _log.info("writer %r of run %r is open elsewhere; waiting up to %gs for it to close", writer, run, wait)

@@ -21,6 +21,7 @@ from ..record import Record, decode
 from ..store import Access, Durability, Storage
 from ..store.backend import Lock
 from ..store.sqlite import SQLiteBackend
+from ..store.storage import writer_lock_name
 from .ingest import hub_cursors, ingest, pending_in
 from .layout import MARKER, Layout, Shard, host_name
 from .lease import Lease, seal_idle
@@ -69,6 +70,10 @@ class DirectoryBuffer:
     def sync_running(self) -> bool:
         """Whether a syncer holds the sync lock now. Changes nothing."""
         return self._hub().lock_held("sync")
+
+    def writer_alive(self, run: str, writer: str) -> bool:
+        """Whether a process on any host holds ``writer`` of ``run`` open now (the lock is in locks/). Changes nothing."""
+        return self._hub().lock_held(writer_lock_name(run, writer))
 
     def open_for_sync(self) -> Storage:
         """Seal this host's live shards that nobody uses, copy every shard this host may read into the hub, and open it.

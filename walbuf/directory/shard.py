@@ -40,6 +40,7 @@ class ShardWriter:
     host: str
     pid: int
     target: Target
+    closed_at: float | None  # when it closed; None while open, if it died, or in a shard of an older walbuf
 
 
 @dataclass(frozen=True)
@@ -98,12 +99,16 @@ class ShardReader:
         if self.empty:
             return {}
         with self._translate():
+            columns = {row[1] for row in self._conn.execute("PRAGMA table_info(writers)")}
+            closed = "w.closed_at" if "closed_at" in columns else "NULL"  # revision 0007 added it
             rows = self._conn.execute(
-                "SELECT w.id, r.name, w.name, w.step_axis, w.host, w.pid, r.wandb_id, r.project, r.entity"
-                " FROM writers w JOIN runs r ON r.id = w.run_id"
+                "SELECT w.id, r.name, w.name, w.step_axis, w.host, w.pid, r.wandb_id, r.project, r.entity,"
+                f" {closed} FROM writers w JOIN runs r ON r.id = w.run_id"
             ).fetchall()
         return {
-            row[0]: ShardWriter(row[0], row[1], row[2], row[3], row[4], row[5], Target(row[6], row[7], row[8]))
+            row[0]: ShardWriter(
+                row[0], row[1], row[2], row[3], row[4], row[5], Target(row[6], row[7], row[8]), row[9]
+            )
             for row in rows
         }
 

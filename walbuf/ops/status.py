@@ -50,6 +50,8 @@ class RunStatus:
     quarantined: int = 0
     # Why W&B refused the run's target (it is not sent until a sync gives another); None if it did not.
     target_refused: str | None = None
+    # The exit code a sync finished the W&B run with (its job was done); None: running.
+    finished_exit: int | None = None
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,7 @@ def read_runs(conn: sa.Connection) -> list[RunStatus]:
                 writers=tuple(members),
                 quarantined=sum(w.quarantined for w in members),
                 target_refused=run.target_refused,
+                finished_exit=run.finished_exit,
                 last_sync=None
                 if last is None
                 else SyncStatus(

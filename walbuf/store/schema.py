@@ -15,7 +15,7 @@ from ..errors import NotABufferError, SchemaTooNewError
 
 # Every revision in migrations/versions, oldest first. The newest is the schema
 # this code reads and writes; tests check this list against Alembic's own.
-KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006")
+KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007")
 HEAD_REVISION = KNOWN_REVISIONS[-1]
 
 # Record ids are sync cursors. 64-bit in PostgreSQL; in SQLite the column
@@ -41,6 +41,9 @@ runs = sa.Table(
     # Why W&B refused the stored target (no such project, a deleted run...):
     # until a sync gives another, the run is not sent. None: not refused.
     sa.Column("target_refused", sa.Text),
+    # The exit code a sync finished the W&B run with (0: every writer closed;
+    # 1: one died); None while it is running, or since a writer opened again.
+    sa.Column("finished_exit", sa.Integer),
 )
 
 writers = sa.Table(
@@ -60,6 +63,8 @@ writers = sa.Table(
     # The step of the newest record of this writer that prune deleted: the
     # writer continues after it even when none of its records remain.
     sa.Column("pruned_step", sa.BigInteger),
+    # When the writer was closed; None while it is open, or if it died.
+    sa.Column("closed_at", sa.Float),
     sa.UniqueConstraint("run_id", "name", name="uq_writers_run_name"),
 )
 

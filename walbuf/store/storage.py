@@ -8,6 +8,7 @@ tables.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -42,6 +43,11 @@ from .sqlite import SQLiteBackend
 from .target import Target, set_target
 
 DEFAULT_BUSY_TIMEOUT = 60.0  # seconds; a writer waits this long for the write lock
+
+
+def writer_lock_name(run: str, writer: str) -> str:
+    """The name of the lock an open writer holds: it owns its id (and the syncer sees it alive)."""
+    return "writer-" + hashlib.sha256(f"{run}\0{writer}".encode()).hexdigest()[:24]
 
 ConfigKind = Literal["config", "summary"]
 
@@ -236,12 +242,16 @@ class Storage:
         host: str,
         pid: int,
         target: Target | None = None,
+        closed_at: float | None = None,
     ) -> tuple[int, int | None]:
-        """Create the run and writer if new; return (writer row id, last step or None).
+        """Create the run and writer if new, and note it open; return (writer row id, last step or None).
 
         ``target`` (W&B id, project, entity) is stored for the run where it
-        holds none yet. Raises WriterConflictError if the writer exists with
-        another step axis, TargetConflictError if the run has another target.
+        holds none yet. A writer that opens (``closed_at`` None: it may log)
+        makes the run running again; ``closed_at`` copies a writer closed
+        elsewhere (a directory buffer's shard, into the hub). Raises
+        WriterConflictError if the writer exists with another step axis,
+        TargetConflictError if the run has another target.
         """
         now = time.time()
         with self.begin_write() as conn:
@@ -253,7 +263,9 @@ class Storage:
                     writers.c.run_id == run_id, writers.c.name == writer
                 )
             ).first()
-            values = {"host": host, "pid": pid, "opened_at": now}
+            values = {"host": host, "pid": pid, "opened_at": now, "closed_at": closed_at}
+            if closed_at is None:
+                conn.execute(runs.update().where(runs.c.id == run_id).values(finished_exit=None))
             if row is None:
                 # A new writer has no records at or below the newest id, so its
                 # cursor starts there: syncs never rescan older records for it.
@@ -279,6 +291,11 @@ class Storage:
                 .limit(1)
             )
             return row.id, last_step if last_step is not None else row.pruned_step
+
+    def mark_closed(self, writer_pk: int) -> None:
+        """Note that the writer closed (it logs nothing more until it opens again)."""
+        with self.begin_write() as conn:
+            conn.execute(writers.update().where(writers.c.id == writer_pk).values(closed_at=time.time()))
 
     def add_config(self, writer_pk: int, encoded: dict[str, str], kind: ConfigKind = "config") -> None:
         """Store config or summary entries (key -> JSON text) of a writer, in one transaction."""

@@ -50,6 +50,7 @@ class Plan:
     low: int  # every pending record of the run has an id above this
     high: int  # ... and at most this (the newest record when the sync began)
     sync_id: int  # its entry in the syncs table (0 in a dry run)
+    new_run: bool  # no upload of the run has succeeded yet: the W&B run is made now
 
 
 def runs_to_sync(storage: Storage, run: str | None, run_id: str | None) -> list[str]:
@@ -70,9 +71,20 @@ def runs_to_sync(storage: Storage, run: str | None, run_id: str | None) -> list[
 
 
 def plan(
-    storage: Storage, name: str, overrides: Target, mode: SyncMode, budget: Budget, *, dry_run: bool
+    storage: Storage,
+    name: str,
+    overrides: Target,
+    mode: SyncMode,
+    budget: Budget,
+    *,
+    dry_run: bool,
+    finishing: bool = False,
 ) -> Plan | None:
-    """Fix the run's target and the extent of its upload; None if nothing is pending."""
+    """Fix the run's target and the extent of its upload; None if nothing is pending.
+
+    ``finishing``: an upload even with nothing pending, to finish the W&B run
+    (it sends the run's config, definitions and summary again, whole).
+    """
     # The fence makes the newest id a sound upper bound: no record at or
     # below it can still appear (see walbuf.store.backend).
     transaction = storage.begin_read() if dry_run else storage.begin_write(fence=True)
@@ -97,7 +109,7 @@ def plan(
             .select_from(config_entries)
             .where(config_entries.c.writer_id.in_(list(found)), config_entries.c.id > config_id)
         )
-        if sum(counts.values()) == 0 and not new_config:
+        if sum(counts.values()) == 0 and not new_config and not finishing:
             return None
         target = _target(conn, run_id, name, overrides, dry_run)
         if budget.remaining is not None and sum(counts.values()) > budget.remaining:
@@ -111,6 +123,9 @@ def plan(
             per_writer={found[w].name: n for w, n in counts.items() if n},
             possibly_duplicated=_possibly_delivered(conn, run_id, found, low, high, dry_run),
         )
+        new_run = conn.scalar(
+            sa.select(sa.func.count()).select_from(syncs).where(syncs.c.run_id == run_id, syncs.c.status == "ok")
+        ) == 0
         sync_id = 0
         if not dry_run:
             sync_id = inserted_id(
@@ -127,7 +142,7 @@ def plan(
                     )
                 )
             )
-        return Plan(run_id, report, found, low, high, sync_id)
+        return Plan(run_id, report, found, low, high, sync_id, new_run)
 
 
 def pending_filter(found: dict[int, PlanWriter], low: int, high: int) -> sa.ColumnElement[bool]:

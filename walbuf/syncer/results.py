@@ -61,6 +61,10 @@ class RunSync:
     # Records quarantined by this sync, and config or summary keys it left out (set since the last sync).
     quarantined: tuple[Quarantined, ...] = ()
     refused_settings: tuple[RefusedSetting, ...] = ()
+    # The bounds ended the upload with records of the run still pending.
+    cut_short: bool = False
+    # The exit code this sync finished the W&B run with (its job is done); None: left running.
+    finished: int | None = None
 
     @property
     def needs_a_person(self) -> bool:

@@ -29,6 +29,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -41,6 +42,7 @@ from ..store.target import check_target
 from ..store.schema import syncs
 from ..store.sqlite import SQLiteBackend
 from .budget import Budget, OutOfTime
+from .finish import outcome
 from .plan import plan, runs_to_sync
 from .results import SYNC_MODES, RunSync, SyncMode, SyncResult
 from .upload import upload
@@ -116,22 +118,71 @@ def sync(
                 if budget.spent():
                     stopped = True
                     break
-                planned = plan(storage, name, overrides, mode, budget, dry_run=False)
-                if planned is None:
-                    continue
-                if on_run is not None:
-                    on_run(planned.report)
-                try:
-                    done.append(upload(storage, planned, mode, folder, budget, progress))
-                except OutOfTime as exc:
-                    raise UploadError(
-                        f"{exc} before W&B confirmed the upload of run {name!r}, so nothing of it is marked"
-                        " synced; the next sync sends it again (give it more time with --max-seconds)"
-                    ) from None
-                stopped = stopped or done[-1].records + len(done[-1].quarantined) < planned.report.records
+                report = _sync_run(storage, located, name, overrides, mode, folder, budget, progress, on_run)
+                if report is not None:
+                    done.append(report)
+                    stopped = stopped or report.cut_short
             return SyncResult(runs=tuple(done), stopped_early=stopped)
     finally:
         lock.release()
+
+
+def _sync_run(
+    storage: Storage,
+    buffer: Buffer,
+    name: str,
+    overrides: Target,
+    mode: SyncMode,
+    folder: Path,
+    budget: Budget,
+    progress: Callable[[int], None] | None,
+    on_run: Callable[[RunSync], None] | None,
+) -> RunSync | None:
+    """Upload one run's pending records, then finish its W&B run if its job is done; what was done, if anything.
+
+    The finishing is an upload of its own, of no records (it sends the run's
+    config and definitions again, whole): an upload that also finished the
+    run would, if killed, leave the run finished by wandb's service before
+    its last records arrived.
+    """
+    report = _upload(storage, name, overrides, mode, folder, budget, progress, on_run, None, finishing=False)
+    if report is not None and report.cut_short:
+        return report
+    if mode != "online" or budget.spent():
+        return report
+    code = outcome(storage, buffer, name)
+    if code is None:
+        return report
+    final = _upload(storage, name, overrides, mode, folder, budget, None, None, code, finishing=True)
+    assert final is not None
+    return final if report is None else replace(report, finished=final.finished)
+
+
+def _upload(
+    storage: Storage,
+    name: str,
+    overrides: Target,
+    mode: SyncMode,
+    folder: Path,
+    budget: Budget,
+    progress: Callable[[int], None] | None,
+    on_run: Callable[[RunSync], None] | None,
+    finish_code: int | None,
+    *,
+    finishing: bool,
+) -> RunSync | None:
+    planned = plan(storage, name, overrides, mode, budget, dry_run=False, finishing=finishing)
+    if planned is None:
+        return None
+    if on_run is not None:
+        on_run(planned.report)
+    try:
+        return upload(storage, planned, mode, folder, budget, progress, finish_code=finish_code)
+    except OutOfTime as exc:
+        raise UploadError(
+            f"{exc} before W&B confirmed the upload of run {name!r}, so nothing of it is marked"
+            " synced; the next sync sends it again (give it more time with --max-seconds)"
+        ) from None
 
 
 def _dry_run(buffer: Buffer, run: str | None, overrides: Target, mode: SyncMode, budget: Budget) -> SyncResult:

@@ -27,7 +27,7 @@ from ..errors import (
 )
 from ..record import Value, check_line, decode, encode_config, flatten
 from ..store import Storage
-from ..store.schema import config_entries, metric_keys, quarantine, records, runs, syncs, writers
+from ..store.schema import config_entries, quarantine, records, runs, syncs, writers
 from ..store.target import set_target
 from .budget import Budget
 from .plan import Plan, PlanWriter, pending_filter
@@ -47,8 +47,14 @@ def upload(
     directory: Path,
     budget: Budget,
     progress: Callable[[int], None] | None,
+    *,
+    finish_code: int | None = None,
 ) -> RunSync:
     """Send the plan's records, within the budget; what was sent, once wandb confirmed it.
+
+    With ``finish_code``, the upload also finishes the W&B run with that exit
+    code (its job is done: see walbuf.syncer.finish), unless the budget cut
+    it short; else it leaves the run's state alone.
 
     A record W&B would refuse for good (it breaks walbuf's rules for what
     W&B takes, as an older walbuf let in, or wandb refuses its data) is
@@ -69,10 +75,17 @@ def upload(
     try:
         with budget.hard_stop():
             wandb_run = WandbRun(
-                plan.report.target, plan.report.run, mode, directory, init_timeout=budget.init_timeout()
+                plan.report.target,
+                # The display name is given once, when the W&B run is made: a
+                # later sync would undo a rename made in W&B.
+                plan.report.run if plan.new_run else None,
+                mode,
+                directory,
+                init_timeout=budget.init_timeout(),
+                finish_state=finish_code is not None,
             )
             replay.into(wandb_run, merged)
-            wandb_run.finish()
+            wandb_run.finish(exit_code=finish_code)
     except BaseException as exc:
         # Whatever ended the upload is raised on; first its entry is closed
         # (as far as records were handed to wandb), unless the buffer itself
@@ -93,15 +106,17 @@ def upload(
             .where(writers.c.id.in_(list(plan.writers)), writers.c.synced_id < replay.last_handled)
             .values(synced_id=replay.last_handled)
         )
-        if replay.new_keys:
-            conn.execute(metric_keys.insert(), [{"writer_id": w, "key": k} for w, k in sorted(replay.new_keys)])
         if replay.quarantined:
             conn.execute(
                 quarantine.insert(),
                 [{"record_id": rid, "reason": q.reason, "time": now} for rid, q in replay.quarantined],
             )
         set_target(conn, plan.run_id, plan.report.run, wandb_run.target)
-        conn.execute(runs.update().where(runs.c.id == plan.run_id).values(config_id=config_id, target_refused=None))
+        conn.execute(
+            runs.update()
+            .where(runs.c.id == plan.run_id)
+            .values(config_id=config_id, target_refused=None, finished_exit=finish_code)
+        )
         if mode == "offline":
             conn.execute(
                 runs.update().where(runs.c.id == plan.run_id).values(offline_step=runs.c.offline_step + replay.sent)
@@ -120,6 +135,8 @@ def upload(
         config_changes=tuple(changes),
         quarantined=tuple(q for _, q in replay.quarantined),
         refused_settings=tuple(refused_settings),
+        cut_short=replay.sent + len(replay.quarantined) < plan.report.records,
+        finished=finish_code,
     )
 
 
@@ -132,8 +149,6 @@ class _Replay:
         self.storage, self.plan, self.mode, self.budget, self.progress = storage, plan, mode, budget, progress
         with storage.begin_read() as conn:
             self.offline_step = conn.scalar(sa.select(runs.c.offline_step).where(runs.c.id == plan.run_id)) or 0
-        self.known = _known_keys(storage, plan)
-        self.new_keys: set[tuple[int, str]] = set()
         self.quarantined: list[tuple[int, Quarantined]] = []
         self.counts: dict[str, int] = {}
         self.sent = 0
@@ -145,9 +160,11 @@ class _Replay:
         if merged["config"]:
             # All of it, every time: W&B keeps the config of the latest update.
             wandb_run.update_config(merged["config"])
-        for writer_id, key in sorted(self.known):
-            writer = self.plan.writers[writer_id]
-            wandb_run.define_metric(f"{writer.name}/{key}", f"{writer.name}/{writer.step_axis}")
+        for writer in self.plan.writers.values():
+            # One definition per writer, whatever the number of its keys: its
+            # metrics are plotted against its axis. Every sync declares them
+            # all again, as W&B keeps the latest config's definitions.
+            wandb_run.define_metric(f"{writer.name}/*", f"{writer.name}/{writer.step_axis}")
         for writer, record_id, step, wall_time, metrics in _pending(self.storage, self.plan):
             if self.budget.spent():
                 break
@@ -172,10 +189,7 @@ class _Replay:
             return problem
         prefix = writer.name + "/"
         axis = prefix + writer.step_axis
-        new = [key for key in values if (writer.id, key) not in self.known]
         try:
-            for key in new:
-                wandb_run.define_metric(prefix + key, axis)
             row: dict[str, object] = {prefix + key: value for key, value in values.items()}
             row[axis] = step
             # W&B's wall-clock axis shows when the record was logged, not synced.
@@ -183,8 +197,6 @@ class _Replay:
             wandb_run.log(row, step=self.offline_step + self.sent if self.mode == "offline" else None)
         except RowRefused as exc:
             return str(exc)
-        self.known.update((writer.id, key) for key in new)
-        self.new_keys.update((writer.id, key) for key in new)
         self.sent += 1
         self.counts[writer.name] = self.counts.get(writer.name, 0) + 1
         return None
@@ -287,13 +299,5 @@ def _config(
         if kind == "config":
             setter[key] = writer
     return merged, changes, refused, entries[-1].id if entries else synced
-
-
-def _known_keys(storage: Storage, plan: Plan) -> set[tuple[int, str]]:
-    with storage.begin_read() as conn:
-        rows = conn.execute(
-            sa.select(metric_keys.c.writer_id, metric_keys.c.key).where(metric_keys.c.writer_id.in_(list(plan.writers)))
-        )
-        return {(w, k) for w, k in rows}
 
 

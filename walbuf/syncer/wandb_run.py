@@ -41,7 +41,14 @@ class WandbRun:
     """
 
     def __init__(
-        self, target: Target, name: str, mode: SyncMode, directory: Path, *, init_timeout: float = 90.0
+        self,
+        target: Target,
+        name: str | None,
+        mode: SyncMode,
+        directory: Path,
+        *,
+        init_timeout: float = 90.0,
+        finish_state: bool = False,
     ) -> None:
         import wandb
 
@@ -50,6 +57,12 @@ class WandbRun:
         shared = mode == "online"
         settings = wandb.Settings(
             mode="shared" if shared else "offline",
+            # Not the run's primary writer: this host's metadata, requirements
+            # and config files are not the job's. And the run's state is the
+            # job's: a sync leaves it alone unless it is to finish the run
+            # (walbuf.syncer.finish). W&B docs, "distributed training".
+            x_primary=not shared,
+            x_update_finish_state=finish_state or not shared,
             x_label=f"walbuf-sync-{socket.gethostname()}-{os.getpid()}",
             console="off",
             x_disable_stats=True,
@@ -124,12 +137,16 @@ class WandbRun:
         except (ValueError, TypeError) as exc:
             raise RowRefused(f"wandb refused the row: {_describe(exc)}") from exc
 
-    def finish(self) -> None:
-        """Finish the run; raise UploadError or ConfigError unless wandb confirms everything was uploaded."""
+    def finish(self, exit_code: int | None = None) -> None:
+        """End the upload; raise UploadError or ConfigError unless wandb confirms everything was uploaded.
+
+        ``exit_code`` is the job's, sent as the run's state when the run was
+        opened with ``finish_state``.
+        """
         import wandb
 
         try:
-            self._run.finish()
+            self._run.finish(exit_code=exit_code)
         except wandb.errors.Error as exc:
             raise failure(str(exc), "finishing the upload") from exc
         problem = _upload_failure(self._run)

@@ -1,0 +1,105 @@
+"""The state of the W&B run follows the job: running while a writer may log, then finished or failed.
+
+Syncs run as cron runs them, in processes of their own, against the fake
+W&B server; assertions are on the state the fake ends with.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import walbuf
+from conftest import run_sync
+
+pytestmark = [pytest.mark.backends("sqlite", "postgresql"), pytest.mark.slow]
+
+TESTS = Path(__file__).parent
+# What a primary writer uploads about its host and environment: not the job's, from a syncer.
+HOST_FILES = {"wandb-metadata.json", "requirements.txt", "config.yaml", "wandb-summary.json"}
+
+
+def the_run(server, buffer, run="exp"):
+    proc = subprocess.run([sys.executable, "-m", "walbuf", "status", str(buffer), "--json"], capture_output=True, text=True)
+    wandb_id = next(r["wandb_id"] for r in json.loads(proc.stdout)["runs"] if r["run"] == run)
+    return server.run(wandb_id)
+
+
+def test_a_job_with_a_writer_open_stays_running_through_syncs(server, buffer):
+    with walbuf.Writer(buffer, writer="train", run="exp") as w:
+        for step in range(3):
+            w.log({"loss": 1.0 / (step + 1)})
+            assert run_sync(server, buffer).returncode == 0
+        fake_run = the_run(server, buffer)
+        assert not fake_run.complete
+        assert not HOST_FILES & set(fake_run.files)  # the syncer's host is not the run's
+
+
+def test_closing_every_writer_then_syncing_finishes_the_run_with_exit_code_0(server, buffer):
+    with walbuf.Writer(buffer, writer="train", run="exp") as w:
+        w.log({"loss": 1.0})
+        assert run_sync(server, buffer).returncode == 0
+    with walbuf.Writer(buffer, writer="eval", run="exp") as w:
+        w.log({"acc": 0.5})
+    proc = run_sync(server, buffer, quiet=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "finished the W&B run with exit code 0" in proc.stdout
+    fake_run = the_run(server, buffer)
+    assert (fake_run.complete, fake_run.exit_code) == (True, 0)
+    assert not HOST_FILES & set(fake_run.files)
+
+
+def test_a_writer_killed_without_closing_makes_the_final_state_failed(server, buffer):
+    with walbuf.Writer(buffer, writer="survivor", run="crash") as w:
+        w.log({"x": 1})
+    victim = subprocess.Popen([sys.executable, str(TESTS / "writer_loop.py"), str(buffer)], stdout=subprocess.PIPE, text=True)
+    assert victim.stdout.readline().strip() == "ready"
+    victim.stdout.readline()  # it logged a record
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    assert run_sync(server, buffer).returncode == 0
+    fake_run = the_run(server, buffer, run="crash")
+    assert (fake_run.complete, fake_run.exit_code) == (True, 1)
+
+
+def test_a_finished_run_is_not_finished_again_until_a_writer_opens_again(server, buffer):
+    with walbuf.Writer(buffer, writer="train", run="exp") as w:
+        w.log({"loss": 0.5})
+    assert run_sync(server, buffer).returncode == 0
+    fake_run = the_run(server, buffer)
+    finishes = len(fake_run.upserts)
+    assert run_sync(server, buffer).returncode == 0  # done, and said so: nothing to do
+    assert len(fake_run.upserts) == finishes
+
+
+def test_the_display_name_is_given_once_and_a_rename_in_wandb_stays(server, buffer):
+    with walbuf.Writer(buffer, writer="train", run="exp") as w:
+        w.log({"loss": 1.0})
+        assert run_sync(server, buffer).returncode == 0
+        fake_run = the_run(server, buffer)
+        assert fake_run.display_name == "exp"
+        server.rename(fake_run.id, "my best run")
+        w.log({"loss": 0.5})
+        assert run_sync(server, buffer).returncode == 0
+    assert run_sync(server, buffer).returncode == 0
+    assert fake_run.display_name == "my best run"
+
+
+def test_a_sync_killed_mid_upload_leaves_the_run_running(server, buffer):
+    with walbuf.Writer(buffer, writer="train", run="exp") as w:
+        for step in range(50):
+            w.log({"loss": float(step)})
+    server.hold_uploads()
+    syncer = subprocess.Popen([sys.executable, "-m", "walbuf", "sync", str(buffer), "--quiet"], env={**os.environ, **server.env()})
+    server.wait_for_rows(1, timeout=60)
+    syncer.send_signal(signal.SIGKILL)
+    syncer.wait()
+    server.release_uploads()
+    (fake_run,) = server.runs.values()
+    assert not fake_run.complete

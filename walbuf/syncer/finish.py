@@ -1,0 +1,66 @@
+"""Run state: a W&B run is running while its job may still log, and finished once it is done.
+
+Every upload leaves the W&B run's state alone (wandb's x_update_finish_state
+off): a job still training shows "running" through any number of syncs, and
+a sync that is killed or interrupted changes nothing. Once every writer of
+the run has closed or died and everything is delivered, the next sync
+finishes the run: exit code 0 when every writer closed (W&B shows
+"finished"), 1 when a writer died without closing ("failed"). A writer that
+opens again makes the run running again, and a later sync finishes it again.
+
+A writer is closed when its row says so (Writer.close() notes it); open
+when it holds the lock that owns its id (the kernel or the PostgreSQL
+server drops it when its process dies); else it died.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from ..buffer import Buffer
+from ..directory import DirectoryBuffer
+from ..store import Storage
+from ..store.schema import records, runs, writers
+
+EXIT_ALL_CLOSED = 0
+EXIT_A_WRITER_DIED = 1
+
+
+def outcome(storage: Storage, buffer: Buffer, run: str) -> int | None:
+    """The exit code to finish the run with now, or None: a writer may still log, records wait, or it is finished so already."""
+    with storage.begin_read() as conn:
+        row = conn.execute(
+            sa.select(runs.c.id, runs.c.finished_exit, runs.c.wandb_id).where(runs.c.name == run)
+        ).one()
+        members = conn.execute(
+            sa.select(writers.c.id, writers.c.name, writers.c.closed_at, writers.c.synced_id).where(
+                writers.c.run_id == row.id
+            )
+        ).all()
+        if not members:
+            return None
+        cursor = sa.case({m.id: m.synced_id for m in members}, value=records.c.writer_id)
+        waiting = conn.execute(
+            sa.select(records.c.id)
+            .where(
+                records.c.id > min(m.synced_id for m in members),
+                records.c.writer_id.in_([m.id for m in members]),
+                records.c.id > cursor,
+            )
+            .limit(1)
+        ).first()
+    if waiting is not None:
+        return None
+    if row.wandb_id is None:
+        return None  # never uploaded: there is no W&B run to finish
+    if isinstance(buffer, DirectoryBuffer) and any(s.state != "ingested" for s in buffer.layout.shards()):
+        return None  # records of this run may still be in a shard the hub has not taken in
+    died = False
+    for member in members:
+        if member.closed_at is not None:
+            continue
+        if buffer.writer_alive(run, member.name):
+            return None
+        died = True
+    code = EXIT_A_WRITER_DIED if died else EXIT_ALL_CLOSED
+    return None if row.finished_exit == code else code
