@@ -57,6 +57,8 @@ def main() -> None:
         for round_ in range(args.rounds):
             for buffer in (few, many):
                 times[buffer].append(time_one_new_record(buffer, writers[buffer], round_))
+        for writer in writers.values():
+            writer.close()
         few_s, many_s = statistics.median(times[few]), statistics.median(times[many])
         print(f"sync of 1 new record, run of 10 keys        : {few_s:6.2f} s (median of {args.rounds})")
         print(f"sync of 1 new record, run of {args.keys:,} keys  : {many_s:6.2f} s")

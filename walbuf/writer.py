@@ -27,7 +27,15 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from .buffer import Location, Segment
-from .errors import ArgumentTypeError, ConfigError, NoWriterError, StepOrderError, WriterClosedError, WriterConflictError
+from .errors import (
+    ArgumentTypeError,
+    ConfigError,
+    NoWriterError,
+    StepOrderError,
+    StorageError,
+    WriterClosedError,
+    WriterConflictError,
+)
 from .record import check_line, encode, encode_config, flatten
 from .settings import WriterSettings
 from .store.backend import Appender, Lock
@@ -64,7 +72,12 @@ class _Open:
     def close(self) -> None:
         try:
             self.appender.close()
-            self.storage.mark_closed(self.writer_pk)
+            try:
+                self.storage.mark_closed(self.writer_pk)
+            except StorageError as exc:
+                # Every record is committed already; only the note is lost, and
+                # the syncer then takes the writer for one that died.
+                _log.warning("could not note that writer %r closed: %s", self.writer, exc)
         finally:
             self.segment.release()  # a directory buffer's shard is sealed if this was its last user
             self.owner.release()
