@@ -14,10 +14,25 @@ keeps lines by offset, so a post the client retries does not duplicate rows.
 Each wandb process writes its own stream, and offsets restart at 0 in each:
 in shared mode several processes write one run. wandb-core 0.31 names its
 stream in the ``X-Wandb-Async-Client-Id`` header, and the fake keeps offsets
-per (client id, file). Config is kept as the latest UpsertBucket sent it (a
-shared-mode process sends only the metric definitions it made).
+per (client id, file).
+
+Config and summary are each replaced whole by the latest update: config by
+the latest UpsertBucket that carries one (wandb-core re-sends the whole
+config with each, runupserter.go and runconfig.go; a shared-mode process
+sends only the metric definitions it made, and reports have the latest
+writer's replace the rest, wandb issue 4377: the strict case), summary by
+the latest wandb-summary.json line (the client sends its whole summary as
+one line at offset 0, filestreamstate.go; last writer wins, wandb issue
+4882).
 
 Rules of the real server it keeps, each with its source:
+
+- One mode per run: a shared-mode writer (its file_stream posts carry
+  ``X-WANDB-USE-ASYNC-FILESTREAM: true``, core/internal/stream/stream_init.go)
+  sending history to a run whose history a non-shared writer sent (as
+  `wandb sync` of an offline run does) is answered 409, "cannot enable shared
+  mode for run ... with existing history" (wandb issue 12269: unsupported).
+- A history or summary line over MAX_LINE_BYTES is not kept (``dropped_lines``).
 
 - A run id that was created and then deleted cannot be used again: its
   UpsertBucket is answered 409, "run E/P/ID was previously created and
@@ -52,6 +67,11 @@ from typing import Any
 
 API_KEY = "walbuftest" + "0" * 30  # 40 characters, no dash (wandb splits keys at the first dash)
 
+# The longest history or summary line kept: wandb-core drops longer ones before
+# sending (core/internal/filestream/filestream.go, defaultMaxFileLineBytes;
+# updatehistory.go); the server is assumed to keep no longer line either.
+MAX_LINE_BYTES = (10 << 20) - (100 << 10)
+
 
 @dataclass
 class FakeRun:
@@ -70,6 +90,9 @@ class FakeRun:
     display_name: str | None = None
     # (client stream, file name) -> {line offset: line}
     lines: dict[tuple[str, str], dict[int, str]] = field(default_factory=dict)
+    non_shared_history: bool = False  # a writer not in shared mode sent history (`wandb sync` of an offline run)
+    refused_posts: int = 0  # file_stream posts refused because of that
+    dropped_lines: int = 0  # lines over MAX_LINE_BYTES, not kept
 
     def metric_definitions(self) -> dict[str, str | None]:
         """metric name -> its step metric's name, from the latest config's ``_wandb.m``.
@@ -333,14 +356,27 @@ class FakeWandb:
             "inserted": True,
         }
 
-    def file_stream(self, entity: str, project: str, run_id: str, stream: str, body: dict[str, Any]) -> None:
+    def file_stream(
+        self, entity: str, project: str, run_id: str, stream: str, body: dict[str, Any], shared: bool = False
+    ) -> str | None:
+        """Take one file_stream post; the refusal (answered 409) of a shared writer on a non-shared history."""
         with self._lock:
             self.requests.append(("POST", f"/files/{entity}/{project}/{run_id}/file_stream", None))
             run = self._run(entity, project, run_id)
-            for name, chunk in (body.get("files") or {}).items():
+            files = body.get("files") or {}
+            if "wandb-history.jsonl" in files:
+                if shared and run.non_shared_history:
+                    run.refused_posts += 1
+                    return f"cannot enable shared mode for run {entity}/{project}/{run_id} with existing history"
+                if not shared:
+                    run.non_shared_history = True
+            for name, chunk in files.items():
                 lines = run.lines.setdefault((stream, name), {})
                 offset = chunk.get("offset", 0)
                 for i, line in enumerate(chunk.get("content") or []):
+                    if len(line.encode()) > MAX_LINE_BYTES:
+                        run.dropped_lines += 1
+                        continue
                     repeated = offset + i in lines
                     lines[offset + i] = line
                     if name == "wandb-history.jsonl" and not repeated:
@@ -351,6 +387,7 @@ class FakeWandb:
                 run.complete = True
                 run.exit_code = body.get("exitcode")
             self._changed.notify_all()
+            return None
 
     def upload(self, path: str, data: bytes) -> None:
         _, _, entity, project, run_id, name = path.split("/", 5)
@@ -424,7 +461,10 @@ class _Handler(BaseHTTPRequestHandler):
             refused = self.fake.history_refused(body)
             if refused:
                 return self._reply(refused, {"error": "injected failure after earlier batches were accepted"})
-            self.fake.file_stream(*match.groups(), self.headers.get("X-Wandb-Async-Client-Id", ""), body)
+            shared = self.headers.get("X-Wandb-Use-Async-Filestream") == "true"
+            mixed = self.fake.file_stream(*match.groups(), self.headers.get("X-Wandb-Async-Client-Id", ""), body, shared)
+            if mixed is not None:
+                return self._reply(409, {"error": mixed})
             if "wandb-history.jsonl" in (body.get("files") or {}) or body.get("complete"):
                 self.fake._released.wait()
             return self._reply(200, {"exitcode": None, "limits": {}})

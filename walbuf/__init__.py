@@ -29,6 +29,7 @@ from .errors import (
     BufferNotWritableError,
     BufferUnavailableError,
     ConfigError,
+    KeyConflictError,
     MetricTypeError,
     MetricValueError,
     NotABufferError,
@@ -103,6 +104,7 @@ __all__ = [
     # errors
     "WalbufError",
     "ConfigError",
+    "KeyConflictError",
     "ArgumentTypeError",
     "StorageError",
     "BufferNotFoundError",

@@ -6,6 +6,7 @@ import atexit
 import functools
 import os
 import time
+from dataclasses import replace
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -31,10 +32,11 @@ def logged(buffer: Location | None = None, **options: Unpack[WriterOptions]) -> 
 
     The settings are those of :class:`walbuf.Writer` (``wait`` defaults to
     60 seconds here), resolved at each call in the process that makes it, so
-    a decorated function sent to a process pool logs from the worker. Each
-    call opens the writer, logs, and closes it: calls from several processes
-    with the same writer id take turns (waiting up to ``wait`` seconds) and
-    append to one stream, each call one step.
+    a decorated function sent to a process pool logs from the worker. The
+    writer id defaults to the function's name (``writer=`` or $WALBUF_WRITER
+    override it), the same in every process: each call opens the writer,
+    logs, and closes it, so calls from a pool's workers take turns (waiting
+    up to ``wait`` seconds) and append to one stream, each call one step.
 
     Each call's record gets the writer's next step (last step plus one), in
     the order the calls finish. To plot against another quantity, return it
@@ -53,7 +55,7 @@ def logged(buffer: Location | None = None, **options: Unpack[WriterOptions]) -> 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             result = fn(*args, **kwargs)
             if isinstance(result, Mapping):
-                settings = WriterSettings.resolve(buffer, **options)
+                settings = replace(WriterSettings.resolve(buffer, **options), default_writer=fn.__name__)
                 _keep_shard(settings.buffer)
                 with Writer.from_settings(settings) as w:
                     w.log(result)

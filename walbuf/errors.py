@@ -21,6 +21,13 @@ class MetricValueError(WalbufError, ValueError):
     """A metric key is unusable (empty, duplicated by flattening, reserved). Nothing was written."""
 
 
+class KeyConflictError(MetricValueError):
+    """Another writer of the run plots the same W&B key against another step axis (see walbuf.store.claims).
+
+    Nothing was written. Give one of the writers a prefix.
+    """
+
+
 class ArgumentTypeError(WalbufError, TypeError):
     """An argument of the wrong type: a step that is not an int, a setting walbuf does not know. Nothing was written."""
 

@@ -99,7 +99,7 @@ RESERVED_KEYS = frozenset({"_step", "_runtime", "_timestamp", "_wandb"})
 """wandb-core overwrites _step and _runtime in every row (core/internal/stream/handler.go,
 flushPartialHistory), the SDK sets _timestamp, and _wandb holds wandb's own config and summary."""
 
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f]")
 # Keys that passed _check_key in this process (metrics repeat their keys every step).
 _checked_keys: set[str] = set()
 _CHECKED_KEYS_MAX = 100_000
@@ -200,7 +200,7 @@ def _check_key(prefix: str, key: str, what: str, *, star: bool = False) -> None:
         problem = "is blank"
     elif "*" in key and not star:
         problem = "contains '*', which W&B's define_metric reads as a wildcard"
-    elif _CONTROL.search(key):
+    elif CONTROL_CHARACTERS.search(key):
         problem = "contains a control character (a NUL, a newline, ...)"
     elif not _is_utf8(key):
         problem = "is not valid text (it holds a lone surrogate, which UTF-8 cannot encode)"

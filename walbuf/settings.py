@@ -9,12 +9,18 @@ setting                   environment           default
 ========================  ====================  ==========================================
 buffer                    WALBUF_BUFFER         none: an error says to give one
 writer                    WALBUF_WRITER         rank-$RANK, else <host>-rank-$LOCAL_RANK, else <host>-<pid>
+prefix                    WALBUF_PREFIX         the writer id ("" for none: keys as logged)
 run                       WALBUF_RUN            default
 step_axis                 WALBUF_STEP_AXIS      step
 ========================  ====================  ==========================================
 
-The buffer and run are resolved when the settings are made; the writer id
-and step axis in each process that logs, from that process's environment,
+The prefix is what a writer's keys and step axis are called under in W&B:
+``loss`` of writer ``train`` on axis ``step`` is ``train/loss`` against
+``train/step``; with ``prefix=""`` it is ``loss`` against ``step``, as
+logged. Writers with the same prefix and step axis make one curve per key.
+
+The buffer and run are resolved when the settings are made; the writer id,
+prefix and step axis in each process that logs, from that process's environment,
 so settings sent to a worker (pickled, or inherited by fork) become that
 worker's own: rank-N under a launcher that sets RANK, host-pid otherwise.
 Directory buffers have two settings of the host, WALBUF_HOST and
@@ -31,6 +37,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from .buffer import Buffer, Location, open_buffer
 from .errors import ArgumentTypeError, ConfigError
+from .record import CONTROL_CHARACTERS, RESERVED_KEYS
 from .store import Durability, Target
 from .store.backend import DURABILITY_LEVELS
 from .store.target import check_target
@@ -42,6 +49,7 @@ ENV_BUFFER = "WALBUF_BUFFER"
 ENV_WRITER = "WALBUF_WRITER"
 ENV_RUN = "WALBUF_RUN"
 ENV_STEP_AXIS = "WALBUF_STEP_AXIS"
+ENV_PREFIX = "WALBUF_PREFIX"
 DEFAULT_RUN = "default"
 DEFAULT_STEP_AXIS = "step"
 
@@ -62,6 +70,7 @@ class WriterOptions(TypedDict, total=False):
     """The writer settings besides the buffer, as keyword arguments (see WriterSettings.resolve)."""
 
     writer: str | None
+    prefix: str | None
     step_axis: str | None
     run: str | None
     durability: Durability
@@ -75,9 +84,12 @@ class WriterOptions(TypedDict, total=False):
 class WriterSettings:
     """Everything a writer needs to know, resolved: see the module docstring.
 
-    ``writer`` and ``step_axis`` hold what was given (None: the process's
-    default); :meth:`writer_id` and :meth:`axis` resolve them in the calling
-    process.
+    ``writer``, ``prefix`` and ``step_axis`` hold what was given (None: the
+    process's default); :meth:`writer_id`, :meth:`key_prefix` and
+    :meth:`axis` resolve them in the calling process. ``default_writer`` is
+    the writer id to use instead of the process's default when neither
+    ``writer`` nor $WALBUF_WRITER gives one (the decorator's: the function's
+    name).
     """
 
     buffer: Buffer
@@ -87,6 +99,8 @@ class WriterSettings:
     durability: Durability
     wait: float
     target: Target
+    prefix: str | None = None
+    default_writer: str | None = None
 
     @classmethod
     def resolve(cls, buffer: Location | None = None, **options: Unpack[WriterOptions]) -> WriterSettings:
@@ -116,6 +130,9 @@ class WriterSettings:
         for name, value in (("writer", writer), ("step_axis", step_axis)):
             if value is not None:
                 _text(name, value, "")
+        prefix = options.get("prefix")
+        if prefix is not None:
+            _check_prefix(prefix, "prefix")
         return cls(
             buffer=open_buffer(buffer if buffer is not None else os.environ.get(ENV_BUFFER, ""), create=True),
             run=_text("run", options.get("run"), ENV_RUN, DEFAULT_RUN),
@@ -123,6 +140,7 @@ class WriterSettings:
             step_axis=step_axis,
             durability=durability,
             wait=float(wait),
+            prefix=prefix,
             target=check_target(
                 Target(
                     wandb_id=_optional("run_id", options.get("run_id")),
@@ -134,7 +152,7 @@ class WriterSettings:
 
     def writer_id(self) -> str:
         """This process's writer id: the one given, else $WALBUF_WRITER, else :func:`default_writer_id`."""
-        writer = _text("writer", self.writer, ENV_WRITER, default_writer_id())
+        writer = _text("writer", self.writer, ENV_WRITER, self.default_writer or default_writer_id())
         if "/" in writer or "*" in writer:
             raise ConfigError(
                 f"writer id {writer!r} contains '/' or '*': in W&B a writer's keys are"
@@ -142,12 +160,37 @@ class WriterSettings:
             )
         return writer
 
+    def key_prefix(self, writer_id: str) -> str:
+        """This process's prefix: the one given, else $WALBUF_PREFIX (even ""), else ``writer_id``."""
+        if self.prefix is not None:
+            return self.prefix
+        env = os.environ.get(ENV_PREFIX)
+        if env is not None:
+            return _check_prefix(env, ENV_PREFIX)
+        return writer_id
+
     def axis(self) -> str:
         """This process's step axis: the one given, else $WALBUF_STEP_AXIS, else "step"."""
         step_axis = _text("step_axis", self.step_axis, ENV_STEP_AXIS, DEFAULT_STEP_AXIS)
         if "*" in step_axis:
             raise ConfigError(f"step_axis {step_axis!r} contains '*', which W&B reads as a wildcard")
+        if step_axis in RESERVED_KEYS:
+            raise ConfigError(f"step_axis {step_axis!r} is a name W&B reserves for itself; name the axis otherwise")
         return step_axis
+
+
+def _check_prefix(value: Any, name: str) -> str:
+    """A prefix W&B can take before "/<key>": "" (none), or text without '*' or a trailing '/'."""
+    if not isinstance(value, str):
+        raise ConfigError(f"{name} must be a str, not {type(value).__qualname__}")
+    if "*" in value or value.endswith("/") or value.startswith("/") or (value and not value.strip()):
+        raise ConfigError(
+            f"{name} {value!r} is not a usable prefix: give \"\" for none, or a name without '*'"
+            " (W&B's wildcard), leading or trailing '/' (walbuf puts one '/' between prefix and key)"
+        )
+    if CONTROL_CHARACTERS.search(value):
+        raise ConfigError(f"{name} {value!r} contains a control character; W&B keys cannot hold one")
+    return value
 
 
 def _text(name: str, value: Any, env: str, default: str | None = None) -> str:

@@ -21,7 +21,7 @@ import socket
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -30,6 +30,7 @@ from .buffer import Location, Segment
 from .errors import (
     ArgumentTypeError,
     ConfigError,
+    KeyConflictError,
     NoWriterError,
     StepOrderError,
     StorageError,
@@ -39,6 +40,7 @@ from .errors import (
 from .record import check_line, encode, encode_config, flatten
 from .settings import WriterSettings
 from .store.backend import Appender, Lock
+from .store.claims import wandb_key
 from .store.schema import writers
 from .store.storage import ConfigKind, Storage, writer_lock_name
 
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
     from .settings import WriterOptions
 
 MAX_STEP = 2**63 - 1
+_AXIS_CLAIMED = "\0axis"  # in _Open.claimed: the step axis is claimed (no metric key holds a NUL)
 
 _log = logging.getLogger(__name__)
 
@@ -62,8 +65,25 @@ class _Open:
     owner: Lock
     writer: str
     step_axis: str
+    prefix: str
     writer_pk: int
     last_step: int | None
+    # Keys this process has claimed for its axis (see walbuf.store.claims):
+    # claims are never withdrawn, so each key is checked once per process.
+    claimed: set[str] = field(default_factory=set)
+
+    def claim(self, keys: dict[str, Any]) -> None:
+        """Claim the W&B names of ``keys`` (and of the step axis) not claimed yet; KeyConflictError if another writer holds one."""
+        new = [key for key in keys if key not in self.claimed]
+        axis = wandb_key(self.prefix, self.step_axis)
+        wanted: dict[str, str | None] = {wandb_key(self.prefix, key): axis for key in new}
+        if not self.claimed:
+            wanted[axis] = None
+        conflict = self.storage.claim_keys(self.writer_pk, wanted)
+        if conflict is not None:
+            raise KeyConflictError(f"{conflict.explain(self.writer, axis)} (nothing was written)")
+        self.claimed.update(new)
+        self.claimed.add(_AXIS_CLAIMED)
 
     @property
     def storage(self) -> Storage:
@@ -150,13 +170,14 @@ class Writer:
     def _connect(self) -> _Open:
         settings = self.settings
         writer, step_axis = settings.writer_id(), settings.axis()
+        prefix = settings.key_prefix(writer)
         segment = settings.buffer.open_segment(settings.durability)
         try:
             appender = segment.storage.appender()
             try:
                 owner = self._own(segment.storage, appender, writer)
                 try:
-                    writer_pk, last_step = self._register(segment.storage, writer, step_axis)
+                    writer_pk, last_step = self._register(segment.storage, writer, step_axis, prefix)
                 except BaseException:
                     owner.release()
                     raise
@@ -168,11 +189,11 @@ class Writer:
         except BaseException:
             segment.release()
             raise
-        return _Open(os.getpid(), segment, appender, owner, writer, step_axis, writer_pk, last_step)
+        return _Open(os.getpid(), segment, appender, owner, writer, step_axis, prefix, writer_pk, last_step)
 
-    def _register(self, storage: Storage, writer: str, step_axis: str) -> tuple[int, int | None]:
+    def _register(self, storage: Storage, writer: str, step_axis: str, prefix: str) -> tuple[int, int | None]:
         return storage.register_writer(
-            self.settings.run, writer, step_axis, socket.gethostname(), os.getpid(), self.settings.target
+            self.settings.run, writer, step_axis, prefix, socket.gethostname(), os.getpid(), self.settings.target
         )
 
     def _rotate(self, state: _Open) -> None:
@@ -181,7 +202,7 @@ class Writer:
         try:
             appender = segment.storage.appender()
             try:
-                writer_pk, _ = self._register(segment.storage, state.writer, state.step_axis)
+                writer_pk, _ = self._register(segment.storage, state.writer, state.step_axis, state.prefix)
             except BaseException:
                 appender.close()
                 raise
@@ -191,6 +212,7 @@ class Writer:
         state.appender.close()
         state.segment.release()
         state.segment, state.appender, state.writer_pk = segment, appender, writer_pk
+        state.claimed = set()  # the new segment's database holds none of them yet
 
     def _own(self, storage: Storage, appender: Appender, writer: str) -> Lock:
         run, wait = self.settings.run, self.settings.wait
@@ -248,12 +270,14 @@ class Writer:
         a new writer). With ``step``, it must be >= the last step (equal adds
         another record at that step), else StepOrderError; a step that is
         not an int raises ArgumentTypeError. Invalid metrics raise
-        MetricTypeError/MetricValueError. On any error nothing is written.
+        MetricTypeError/MetricValueError; a key that another writer of the
+        run plots against another step axis in W&B (same name after their
+        prefixes), KeyConflictError. On any error nothing is written.
         """
         state = self._opened_here()
         flat = flatten(metrics, state.step_axis)
         payload = encode(flat)
-        check_line(payload, len(flat), state.writer + "/")
+        check_line(payload, len(flat), state.prefix + "/")
         with self._lock:
             self._check_open(state)
             last = state.last_step
@@ -264,6 +288,8 @@ class Writer:
             now = time.time()
             if now >= state.segment.expires:
                 self._rotate(state)
+            if not state.claimed.issuperset(flat) or not state.claimed:
+                state.claim(flat)
             state.appender.append((state.writer_pk, step, now, payload))
             state.last_step = step
             return step

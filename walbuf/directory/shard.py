@@ -41,6 +41,7 @@ class ShardWriter:
     pid: int
     target: Target
     closed_at: float | None  # when it closed; None while open, if it died, or in a shard of an older walbuf
+    prefix: str  # its keys' prefix in W&B (its name, in a shard of a walbuf before revision 0008)
 
 
 @dataclass(frozen=True)
@@ -101,13 +102,14 @@ class ShardReader:
         with self._translate():
             columns = {row[1] for row in self._conn.execute("PRAGMA table_info(writers)")}
             closed = "w.closed_at" if "closed_at" in columns else "NULL"  # revision 0007 added it
+            prefix = "COALESCE(w.prefix, w.name)" if "prefix" in columns else "w.name"  # and 0008 this
             rows = self._conn.execute(
                 "SELECT w.id, r.name, w.name, w.step_axis, w.host, w.pid, r.wandb_id, r.project, r.entity,"
-                f" {closed} FROM writers w JOIN runs r ON r.id = w.run_id"
+                f" {closed}, {prefix} FROM writers w JOIN runs r ON r.id = w.run_id"
             ).fetchall()
         return {
             row[0]: ShardWriter(
-                row[0], row[1], row[2], row[3], row[4], row[5], Target(row[6], row[7], row[8]), row[9]
+                row[0], row[1], row[2], row[3], row[4], row[5], Target(row[6], row[7], row[8]), row[9], row[10]
             )
             for row in rows
         }

@@ -15,7 +15,7 @@ from ..errors import NotABufferError, SchemaTooNewError
 
 # Every revision in migrations/versions, oldest first. The newest is the schema
 # this code reads and writes; tests check this list against Alembic's own.
-KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007")
+KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008")
 HEAD_REVISION = KNOWN_REVISIONS[-1]
 
 # Record ids are sync cursors. 64-bit in PostgreSQL; in SQLite the column
@@ -44,6 +44,9 @@ runs = sa.Table(
     # The exit code a sync finished the W&B run with (0: every writer closed;
     # 1: one died); None while it is running, or since a writer opened again.
     sa.Column("finished_exit", sa.Integer),
+    # "online" or "offline": the mode its W&B run was written in (W&B does not
+    # take both in one run). None until a sync succeeds.
+    sa.Column("mode", sa.Text),
 )
 
 writers = sa.Table(
@@ -65,6 +68,10 @@ writers = sa.Table(
     sa.Column("pruned_step", sa.BigInteger),
     # When the writer was closed; None while it is open, or if it died.
     sa.Column("closed_at", sa.Float),
+    # What its keys and step axis are prefixed with in W&B ("" for none: keys
+    # as logged). Set for every writer (revision 0008 copied the name, the
+    # prefix every writer had before).
+    sa.Column("prefix", sa.Text),
     sa.UniqueConstraint("run_id", "name", name="uq_writers_run_name"),
 )
 
@@ -104,14 +111,28 @@ syncs = sa.Table(
 )
 
 
-# Every metric key a writer's synced records hold. A sync's config carries only
-# the metric definitions made in that sync, and W&B may keep only the latest
-# config's, so each sync declares all of the run's metrics again.
-metric_keys = sa.Table(
-    "metric_keys",
+# Which step axis each W&B key of a run is plotted against (W&B plots a key
+# against one axis): claimed by the first writer that logs the key, at log()
+# in its database, or at sync for what reaches the hub of a directory buffer.
+# A step axis's own key claims None. Writers whose keys would be the same W&B
+# key on another axis are refused (walbuf.store.claims).
+key_claims = sa.Table(
+    "key_claims",
     metadata,
-    sa.Column("writer_id", sa.Integer, sa.ForeignKey("writers.id"), primary_key=True),
+    sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id"), primary_key=True),
     sa.Column("key", sa.Text, primary_key=True),
+    sa.Column("step_axis", sa.Text),
+    sa.Column("writer_id", sa.Integer, sa.ForeignKey("writers.id"), nullable=False),
+)
+
+# Each W&B key's last value that a sync sent (JSON): every sync sends the run's
+# whole summary, and the records may be pruned by then.
+last_values = sa.Table(
+    "last_values",
+    metadata,
+    sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id"), primary_key=True),
+    sa.Column("key", sa.Text, primary_key=True),
+    sa.Column("value", sa.Text, nullable=False),
 )
 
 

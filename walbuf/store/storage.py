@@ -39,6 +39,7 @@ from .schema import (
     upgrade,
     writers,
 )
+from .claims import Claims, Conflict, claim
 from .sqlite import SQLiteBackend
 from .target import Target, set_target
 
@@ -239,6 +240,7 @@ class Storage:
         run: str,
         writer: str,
         step_axis: str,
+        prefix: str,
         host: str,
         pid: int,
         target: Target | None = None,
@@ -250,8 +252,8 @@ class Storage:
         holds none yet. A writer that opens (``closed_at`` None: it may log)
         makes the run running again; ``closed_at`` copies a writer closed
         elsewhere (a directory buffer's shard, into the hub). Raises
-        WriterConflictError if the writer exists with another step axis,
-        TargetConflictError if the run has another target.
+        WriterConflictError if the writer exists with another step axis or
+        prefix, TargetConflictError if the run has another target.
         """
         now = time.time()
         with self.begin_write() as conn:
@@ -259,7 +261,7 @@ class Storage:
             if target is not None:
                 set_target(conn, run_id, run, target)
             row = conn.execute(
-                sa.select(writers.c.id, writers.c.step_axis, writers.c.pruned_step).where(
+                sa.select(writers.c.id, writers.c.step_axis, writers.c.prefix, writers.c.pruned_step).where(
                     writers.c.run_id == run_id, writers.c.name == writer
                 )
             ).first()
@@ -273,7 +275,12 @@ class Storage:
                 writer_id = inserted_id(
                     conn.execute(
                         writers.insert().values(
-                            run_id=run_id, name=writer, step_axis=step_axis, synced_id=newest, **values
+                            run_id=run_id,
+                            name=writer,
+                            step_axis=step_axis,
+                            prefix=prefix,
+                            synced_id=newest,
+                            **values,
                         )
                     )
                 )
@@ -283,6 +290,11 @@ class Storage:
                     f"writer {writer!r} of run {run!r} logs on step axis {row.step_axis!r},"
                     f" not {step_axis!r}; use that axis, or another writer id for a new axis"
                 )
+            if (row.prefix if row.prefix is not None else writer) != prefix:
+                raise WriterConflictError(
+                    f"writer {writer!r} of run {run!r} logs with the prefix {row.prefix!r}, not {prefix!r},"
+                    " and a writer's keys keep their W&B names; use that prefix, or another writer id"
+                )
             conn.execute(writers.update().where(writers.c.id == row.id).values(**values))
             last_step = conn.scalar(
                 sa.select(records.c.step)
@@ -291,6 +303,11 @@ class Storage:
                 .limit(1)
             )
             return row.id, last_step if last_step is not None else row.pruned_step
+
+    def claim_keys(self, writer_pk: int, wanted: Claims) -> Conflict | None:
+        """Claim W&B keys for the writer's step axis (see walbuf.store.claims); the conflict, claiming nothing, if any."""
+        with self.begin_write() as conn:
+            return claim(conn, writer_pk, wanted)
 
     def mark_closed(self, writer_pk: int) -> None:
         """Note that the writer closed (it logs nothing more until it opens again)."""

@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from ..errors import ConfigError, TargetRefusedError
 from ..store import Storage, Target
 from ..store.schema import config_entries, inserted_id, records, runs, syncs, writers
+from ..store.claims import wandb_key
 from ..store.target import merge_target, read_target, set_target
 from .budget import Budget
 from .results import RunSync, SyncMode
@@ -38,6 +39,16 @@ class PlanWriter:
     name: str
     step_axis: str
     synced_id: int
+    prefix: str  # what its keys and axis are prefixed with in W&B ("": none)
+
+    def key(self, key: str) -> str:
+        """The W&B history key of one of its keys."""
+        return wandb_key(self.prefix, key)
+
+    @property
+    def axis(self) -> str:
+        """The W&B history key of its step axis."""
+        return wandb_key(self.prefix, self.step_axis)
 
 
 @dataclass(frozen=True)
@@ -91,11 +102,15 @@ def plan(
     with transaction as conn:
         run_id = conn.execute(sa.select(runs.c.id).where(runs.c.name == name)).scalar_one()
         found = {
-            row.id: PlanWriter(row.id, row.name, row.step_axis, row.synced_id)
+            row.id: PlanWriter(row.id, row.name, row.step_axis, row.synced_id, row.prefix)
             for row in conn.execute(
-                sa.select(writers.c.id, writers.c.name, writers.c.step_axis, writers.c.synced_id).where(
-                    writers.c.run_id == run_id
-                )
+                sa.select(
+                    writers.c.id,
+                    writers.c.name,
+                    writers.c.step_axis,
+                    writers.c.synced_id,
+                    sa.func.coalesce(writers.c.prefix, writers.c.name).label("prefix"),
+                ).where(writers.c.run_id == run_id)
             )
         }
         if not found:
@@ -111,7 +126,7 @@ def plan(
         )
         if sum(counts.values()) == 0 and not new_config and not finishing:
             return None
-        target = _target(conn, run_id, name, overrides, dry_run)
+        target, new_target = _target(conn, run_id, name, overrides, mode, dry_run)
         if budget.remaining is not None and sum(counts.values()) > budget.remaining:
             high = _id_of_nth_pending(conn, found, low, budget.remaining)
             counts = _pending_counts(conn, found, low, high)
@@ -123,7 +138,7 @@ def plan(
             per_writer={found[w].name: n for w, n in counts.items() if n},
             possibly_duplicated=_possibly_delivered(conn, run_id, found, low, high, dry_run),
         )
-        new_run = conn.scalar(
+        new_run = new_target or conn.scalar(
             sa.select(sa.func.count()).select_from(syncs).where(syncs.c.run_id == run_id, syncs.c.status == "ok")
         ) == 0
         sync_id = 0
@@ -176,15 +191,24 @@ def _id_of_nth_pending(conn: sa.Connection, found: dict[int, PlanWriter], low: i
     return int(conn.scalar(query) or low)
 
 
-def _target(conn: sa.Connection, run_id: int, name: str, overrides: Target, dry_run: bool) -> Target:
-    """The run's W&B target, with ``overrides`` filling what it lacks; a run id generated if none.
+def _target(
+    conn: sa.Connection, run_id: int, name: str, overrides: Target, mode: SyncMode, dry_run: bool
+) -> tuple[Target, bool]:
+    """The run's W&B target, with ``overrides`` filling what it lacks, a run id generated if none; whether it is a new W&B run.
 
     A target W&B refused (runs.target_refused) is not used again: overrides
-    replace it, and without any the run raises TargetRefusedError.
+    replace it, and without any the run raises TargetRefusedError. A W&B
+    run takes one mode (:func:`_check_mode`): another mode needs another
+    W&B run id, which then replaces the stored one.
     """
     stored = read_target(conn, run_id)
-    refused = conn.execute(sa.select(runs.c.target_refused).where(runs.c.id == run_id)).scalar_one()
-    if refused is None:
+    refused, stored_mode = conn.execute(
+        sa.select(runs.c.target_refused, runs.c.mode).where(runs.c.id == run_id)
+    ).one()
+    switching = _check_mode(name, stored, stored_mode, mode, overrides)
+    if switching:
+        target = Target(*(given or old for given, old in zip(astuple(overrides), astuple(stored))))
+    elif refused is None:
         target = merge_target(stored, overrides, name)
     elif overrides == Target():
         raise TargetRefusedError(
@@ -194,14 +218,45 @@ def _target(conn: sa.Connection, run_id: int, name: str, overrides: Target, dry_
     else:
         target = Target(*(given or old for given, old in zip(astuple(overrides), astuple(stored))))
     if dry_run:
-        return target
+        return target, switching
     if target.wandb_id is None:
         # Stored before the upload, so that a retry goes to the same W&B run.
         target = replace(target, wandb_id=generate_run_id())
+    if switching:
+        # A new W&B run: its offline rows are numbered from 0.
+        conn.execute(runs.update().where(runs.c.id == run_id).values(**asdict(target), mode=None, offline_step=0))
+        return target, True
     if refused is not None:
         conn.execute(runs.update().where(runs.c.id == run_id).values(**asdict(target)))
-        return target
-    return set_target(conn, run_id, name, target)
+        return target, False
+    return set_target(conn, run_id, name, target), False
+
+
+def _check_mode(name: str, stored: Target, stored_mode: str | None, mode: SyncMode, overrides: Target) -> bool:
+    """Whether the run moves to a new W&B run for another mode; ConfigError if it would mix modes in one.
+
+    W&B takes one mode per run: a shared-mode writer (an online sync) on a
+    run whose history a non-shared writer made (`wandb sync` of an offline
+    run) is refused or displaces rows, and the other way round as well
+    (W&B calls it unsupported: wandb issue 12269; ../shared notes, "mixing
+    modes").
+    """
+    if stored_mode is None or stored_mode == mode:
+        return False
+    if overrides.wandb_id is not None and overrides.wandb_id != stored.wandb_id:
+        return True
+    why = (
+        "`wandb sync` of an offline run writes a non-shared history, and W&B refuses or displaces"
+        " shared-mode writers on such a run"
+        if stored_mode == "offline"
+        else "its history was written in shared mode, and `wandb sync` of an offline run into it would"
+        " displace rows"
+    )
+    raise ConfigError(
+        f"run {name!r} was synced {stored_mode} into W&B run {stored.wandb_id!r}, and W&B does not take"
+        f" {mode} uploads into that run as well ({why}); keep --mode {stored_mode} for this run, or send"
+        f" what is not synced yet to a new W&B run with --mode {mode} --run-id NEW_ID"
+    )
 
 
 def _target_text(target: Target) -> str:

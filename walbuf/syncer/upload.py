@@ -1,8 +1,9 @@
 """Uploading one planned run: replay its records into wandb, then advance the cursors.
 
 The records are replayed in the order they were committed, each as one
-history row of the W&B run (see the key scheme in walbuf.syncer), with the
-run's whole config first and its summary last. Only when wandb confirms the
+history row of the W&B run (keys and step axis under the writer's prefix),
+with the run's whole config and metric definitions first and its whole
+summary last (see walbuf.syncer.metrics). Only when wandb confirms the
 upload are the writers' cursors advanced and the sync marked done, in one
 transaction; a failed upload changes nothing but the sync's own log entry.
 """
@@ -30,6 +31,7 @@ from ..store import Storage
 from ..store.schema import config_entries, quarantine, records, runs, syncs, writers
 from ..store.target import set_target
 from .budget import Budget
+from .metrics import RunMetrics
 from .plan import Plan, PlanWriter, pending_filter
 from .results import ConfigChange, Quarantined, RefusedSetting, RunSync, SyncMode
 
@@ -81,6 +83,8 @@ def upload(
                 plan.report.run if plan.new_run else None,
                 mode,
                 directory,
+                # The whole config from the start: W&B keeps the latest update's.
+                config=merged["config"],
                 init_timeout=budget.init_timeout(),
                 finish_state=finish_code is not None,
             )
@@ -111,11 +115,12 @@ def upload(
                 quarantine.insert(),
                 [{"record_id": rid, "reason": q.reason, "time": now} for rid, q in replay.quarantined],
             )
+        replay.metrics.save(conn)
         set_target(conn, plan.run_id, plan.report.run, wandb_run.target)
         conn.execute(
             runs.update()
             .where(runs.c.id == plan.run_id)
-            .values(config_id=config_id, target_refused=None, finished_exit=finish_code)
+            .values(config_id=config_id, target_refused=None, finished_exit=finish_code, mode=mode)
         )
         if mode == "offline":
             conn.execute(
@@ -149,6 +154,7 @@ class _Replay:
         self.storage, self.plan, self.mode, self.budget, self.progress = storage, plan, mode, budget, progress
         with storage.begin_read() as conn:
             self.offline_step = conn.scalar(sa.select(runs.c.offline_step).where(runs.c.id == plan.run_id)) or 0
+            self.metrics = RunMetrics(conn, plan.run_id, plan.writers.values())
         self.quarantined: list[tuple[int, Quarantined]] = []
         self.counts: dict[str, int] = {}
         self.sent = 0
@@ -156,15 +162,11 @@ class _Replay:
         self.unreported = 0
 
     def into(self, wandb_run: WandbRun, merged: dict[str, dict[str, object]]) -> None:
-        """The run's config, the metric definitions it has, then the records, then its summary."""
-        if merged["config"]:
-            # All of it, every time: W&B keeps the config of the latest update.
-            wandb_run.update_config(merged["config"])
-        for writer in self.plan.writers.values():
-            # One definition per writer, whatever the number of its keys: its
-            # metrics are plotted against its axis. Every sync declares them
-            # all again, as W&B keeps the latest config's definitions.
-            wandb_run.define_metric(f"{writer.name}/*", f"{writer.name}/{writer.step_axis}")
+        """The metric definitions the run has (its config went with wandb.init), the records, the whole summary."""
+        for name, step_metric in self.metrics.definitions():
+            # All of them, every time, before the first row: W&B keeps the
+            # latest config's definitions (see walbuf.syncer.metrics).
+            wandb_run.define_metric(name, step_metric)
         for writer, record_id, step, wall_time, metrics in _pending(self.storage, self.plan):
             if self.budget.spent():
                 break
@@ -176,8 +178,9 @@ class _Replay:
             self.unreported += 1
             if self.unreported >= PROGRESS_EVERY:
                 self.report_progress()
-        if merged["summary"]:
-            wandb_run.update_summary(merged["summary"])
+        summary = self.metrics.summary(merged["summary"])
+        if summary:
+            wandb_run.update_summary(summary)
 
     def _send(self, wandb_run: WandbRun, writer: PlanWriter, step: int, wall_time: float, metrics: str) -> str | None:
         """Send one record as a history row; why W&B would refuse it for good, if it would (then nothing is sent)."""
@@ -187,16 +190,21 @@ class _Replay:
         problem = _breaks_the_rules(values, metrics, writer)
         if problem is not None:
             return problem
-        prefix = writer.name + "/"
-        axis = prefix + writer.step_axis
+        problem, needed = self.metrics.check(writer, values)
+        if problem is not None:
+            return problem
+        prefix = writer.prefix + "/" if writer.prefix else ""
         try:
-            row: dict[str, object] = {prefix + key: value for key, value in values.items()}
-            row[axis] = step
+            for name, step_metric in needed:
+                wandb_run.define_metric(name, step_metric)
+            row: dict[str, object] = {prefix + key: value for key, value in values.items()} if prefix else dict(values)
+            row[writer.axis] = step
             # W&B's wall-clock axis shows when the record was logged, not synced.
             row["_timestamp"] = wall_time
             wandb_run.log(row, step=self.offline_step + self.sent if self.mode == "offline" else None)
         except RowRefused as exc:
             return str(exc)
+        self.metrics.sent.update(row)
         self.sent += 1
         self.counts[writer.name] = self.counts.get(writer.name, 0) + 1
         return None
@@ -215,7 +223,7 @@ def _breaks_the_rules(values: dict[str, Value], metrics: str, writer: PlanWriter
     """
     try:
         flatten(values, writer.step_axis)
-        check_line(metrics, len(values), writer.name + "/")
+        check_line(metrics, len(values), writer.prefix + "/")
     except (MetricTypeError, MetricValueError) as exc:
         return str(exc).replace(" (nothing was written)", "")
     return None

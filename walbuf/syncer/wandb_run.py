@@ -47,6 +47,7 @@ class WandbRun:
         mode: SyncMode,
         directory: Path,
         *,
+        config: dict[str, Any] | None = None,
         init_timeout: float = 90.0,
         finish_state: bool = False,
     ) -> None:
@@ -81,6 +82,7 @@ class WandbRun:
                 project=target.project,
                 entity=target.entity,
                 name=name,
+                config=config or None,
                 dir=str(directory),
                 settings=settings,
                 reinit="create_new",
@@ -122,12 +124,8 @@ class WandbRun:
         except (ValueError, TypeError, wandb.errors.Error) as exc:  # local: about the name, not the network
             raise RowRefused(f"wandb refused to declare metric {key!r}: {_describe(exc)}") from exc
 
-    def update_config(self, config: dict[str, Any]) -> None:
-        """Set the run's config keys (the latest value of each, as the buffer holds them)."""
-        self._run.config.update(config, allow_val_change=True)
-
     def update_summary(self, summary: dict[str, Any]) -> None:
-        """Set run summary keys (after the rows: a row would replace a key it also holds)."""
+        """Set the run's summary (after the rows: a row would replace a key it also holds)."""
         self._run.summary.update(summary)
 
     def log(self, row: dict[str, Any], step: int | None = None) -> None:
