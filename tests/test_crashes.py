@@ -333,15 +333,15 @@ class LossyWandb(FakeWandb):
         self._stalling = False
         self._lost.set()
 
-    def file_stream(self, *args: Any, **kwargs: Any) -> None:
+    def file_stream(self, *args: Any, **kwargs: Any) -> str | None:
         body = kwargs["body"] if "body" in kwargs else args[-1]
         if self._stalling and "wandb-history.jsonl" in (body.get("files") or {}):
             with self._arrived:
                 self._stalled += 1
                 self._arrived.notify_all()
             self._lost.wait()
-            return
-        super().file_stream(*args, **kwargs)
+            return None
+        return super().file_stream(*args, **kwargs)
 
     def stop(self) -> None:
         self._lost.set()

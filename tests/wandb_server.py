@@ -462,7 +462,8 @@ class _Handler(BaseHTTPRequestHandler):
             if refused:
                 return self._reply(refused, {"error": "injected failure after earlier batches were accepted"})
             shared = self.headers.get("X-Wandb-Use-Async-Filestream") == "true"
-            mixed = self.fake.file_stream(*match.groups(), self.headers.get("X-Wandb-Async-Client-Id", ""), body, shared)
+            client = self.headers.get("X-Wandb-Async-Client-Id", "")
+            mixed = self.fake.file_stream(*match.groups(), client, body, shared=shared)
             if mixed is not None:
                 return self._reply(409, {"error": mixed})
             if "wandb-history.jsonl" in (body.get("files") or {}) or body.get("complete"):

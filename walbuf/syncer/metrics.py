@@ -81,13 +81,13 @@ class RunMetrics:
         wanted: dict[str, str | None] = {writer.key(key): axis for key in new}
         wanted.setdefault(axis, None)
         for wkey, want in wanted.items():
-            held = self._claim_of(wkey)
+            held = self.claims.get(wkey)
             if held is not None and held[0] != want:
                 conflict = Conflict(wkey, held[0], held[1])
                 return conflict.explain(writer.name, axis), []
         needed = []
         for wkey, want in wanted.items():
-            if self._claim_of(wkey) is None:
+            if self.claims.get(wkey) is None:
                 self.new_claims[wkey] = (want, writer.id)
                 self.claims[wkey] = (want, writer.name)
                 if want is not None and not self._covered(wkey, want):
@@ -97,22 +97,33 @@ class RunMetrics:
 
     def save(self, conn: sa.Connection) -> None:
         """In the upload's final transaction: the claims it made and the last values it sent."""
-        if self.new_claims:
-            conn.execute(
-                key_claims.insert(),
-                [
-                    {"run_id": self.run_id, "key": key, "step_axis": axis, "writer_id": writer_id}
-                    for key, (axis, writer_id) in self.new_claims.items()
-                ],
-            )
-        keys = [key for key in self.sent if key not in _WANDB_OWN]
+        # A writer may have claimed one of these keys since (for its first
+        # record, as the upload sent older ones of another writer): its claim
+        # stands, the record it is for will be checked at the next sync.
+        keys = list(self.new_claims)
+        taken: set[str] = set()
         for start in range(0, len(keys), 500):
             part = keys[start : start + 500]
+            taken.update(
+                conn.scalars(
+                    sa.select(key_claims.c.key).where(key_claims.c.run_id == self.run_id, key_claims.c.key.in_(part))
+                )
+            )
+        new = [
+            {"run_id": self.run_id, "key": key, "step_axis": axis, "writer_id": writer_id}
+            for key, (axis, writer_id) in self.new_claims.items()
+            if key not in taken
+        ]
+        if new:
+            conn.execute(key_claims.insert(), new)
+        sent = [key for key in self.sent if key not in _WANDB_OWN]
+        for start in range(0, len(sent), 500):
+            part = sent[start : start + 500]
             conn.execute(last_values.delete().where(last_values.c.run_id == self.run_id, last_values.c.key.in_(part)))
-        if keys:
+        if sent:
             conn.execute(
                 last_values.insert(),
-                [{"run_id": self.run_id, "key": key, "value": json.dumps(self.sent[key], allow_nan=True)} for key in keys],
+                [{"run_id": self.run_id, "key": key, "value": json.dumps(self.sent[key], allow_nan=True)} for key in sent],
             )
 
     def summary(self, explicit: dict[str, Any]) -> dict[str, Any]:
@@ -120,9 +131,6 @@ class RunMetrics:
         whole = {key: value for key, value in {**self.last, **self.sent}.items() if key not in _WANDB_OWN}
         whole.update(explicit)
         return whole
-
-    def _claim_of(self, key: str) -> tuple[str | None, str] | None:
-        return self.claims.get(key)
 
     def _covered(self, key: str, axis: str) -> bool:
         """Whether a glob definition plots ``key`` against ``axis`` already."""
