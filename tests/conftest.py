@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -212,3 +213,21 @@ def rows_of(fake_run, writer, axis="step"):
         metrics = {k[len(prefix):]: v for k, v in row.items() if k.startswith(prefix) and k != prefix + axis}
         out.append((row[prefix + axis], metrics))
     return out
+
+
+def as_reader(command: list[str]) -> list[str]:
+    """``command`` run by a process that may read the buffer's files but not write them.
+
+    Not root: the files' modes (a-w) stop writes. Root ignores modes through
+    CAP_DAC_OVERRIDE; the command then runs with that capability (and
+    CAP_DAC_READ_SEARCH, CAP_FOWNER) dropped from its bounding set by
+    setpriv(1): still uid 0 and the files' owner, now bound by their modes
+    like any owner. (subprocess's user="nobody" cannot work here: the venv's
+    interpreter is a symlink into /root, which nobody may not enter.)
+    """
+    if os.geteuid() != 0:
+        return command
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root without setpriv(1) (util-linux): cannot drop CAP_DAC_OVERRIDE")
+    return [setpriv, "--bounding-set", "-dac_override,-dac_read_search,-fowner", *command]

@@ -23,7 +23,6 @@ import json
 import os
 import select
 import selectors
-import shutil
 import signal
 import sqlite3
 import stat
@@ -43,6 +42,7 @@ from hypothesis import strategies as st
 
 import walbuf
 from wandb_server import FakeWandb
+from conftest import as_reader
 
 pytestmark = pytest.mark.slow  # real processes and syncs: not in the quick loop
 
@@ -534,24 +534,6 @@ def test_syncer_killed_at_any_point_then_a_normal_sync_delivers_every_record_in_
 
 
 # -- a buffer the process may read but not write ------------------------------------------
-
-
-def as_reader(command: list[str]) -> list[str]:
-    """``command`` run by a process that may read the buffer's files but not write them.
-
-    Not root: the files' modes (a-w) stop writes. Root ignores modes through
-    CAP_DAC_OVERRIDE; the command then runs with that capability (and
-    CAP_DAC_READ_SEARCH, CAP_FOWNER) dropped from its bounding set by
-    setpriv(1): still uid 0 and the files' owner, now bound by their modes
-    like any owner. (subprocess's user="nobody" cannot work here: the venv's
-    interpreter is a symlink into /root, which nobody may not enter.)
-    """
-    if os.geteuid() != 0:
-        return command
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        pytest.skip("running as root without setpriv(1) (util-linux): cannot drop CAP_DAC_OVERRIDE")
-    return [setpriv, "--bounding-set", "-dac_override,-dac_read_search,-fowner", *command]
 
 
 def run_as_reader(*args: str) -> subprocess.CompletedProcess[str]:

@@ -7,6 +7,7 @@ about uploads is on what the fake received.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import walbuf
-from conftest import rows_of, run_sync
+from conftest import as_reader, rows_of, run_sync
 from walbuf import doctor, prune
 from walbuf.directory.layout import ENV_HOST, ENV_ROTATE
 
@@ -141,24 +142,26 @@ def test_read_sees_sealed_shards_and_this_hosts_live_one(directory):
             assert [(r.writer, r.step) for r in walbuf.read(directory)] == [("ra", 0), ("ra", 1)]
 
 
-def test_a_sync_on_another_host_sends_sealed_shards_and_never_opens_live_ones(server, directory):
+def test_a_sync_on_another_host_sends_sealed_shards_and_never_opens_live_ones_in_use(server, directory):
     log_on("a", directory, "ra", 3)
     with on_host("b"), walbuf.Writer(directory, writer="rb", run="exp") as rb:
         rb.log({"i": 100})
-        # Another host's live shard that is not even a database: opening it would fail the sync.
+        # Another host's live shard in use, that is not even a database: opening it would fail the sync.
         planted = Path(directory) / "live" / "c" / f"{1:020d}.db"
         planted.parent.mkdir(parents=True)
         planted.write_bytes(b"not a database, and not ours to open" * 100)
-        proc = sync_on(server, "s", directory)
-        assert proc.returncode == 0, proc.stderr
-        assert steps_of(the_run(server), "ra") == [0, 1, 2]
-        assert steps_of(the_run(server), "rb") == []
-        waiting = {s["host"]: s["not_in_hub"] for s in status_on("s", directory)["shards"]}
-        assert waiting == {"b": None, "c": None}
-    assert sync_on(server, "s", directory).returncode == 0  # b's shard is sealed now
+        with open(f"{planted}.inuse", "w") as user:
+            fcntl.flock(user, fcntl.LOCK_SH)  # as a process of host c using it would
+            proc = sync_on(server, "s", directory)
+            assert proc.returncode == 0, proc.stderr
+            assert steps_of(the_run(server), "ra") == [0, 1, 2]
+            assert steps_of(the_run(server), "rb") == []
+            waiting = {s["host"]: s["not_in_hub"] for s in status_on("s", directory)["shards"]}
+            assert waiting == {"b": None, "c": None}
+    assert sync_on(server, "s", directory).returncode == 3  # b's shard is sealed now; c's is set aside
     assert steps_of(the_run(server), "ra") == [0, 1, 2]
     assert steps_of(the_run(server), "rb") == [100]
-    assert planted.read_bytes().startswith(b"not a database")
+    assert not planted.exists() and len(files(directory, "quarantine")) == 1
 
 
 def test_a_dry_run_counts_the_shards_records_and_copies_nothing_into_the_hub(server, directory):
@@ -210,7 +213,7 @@ def test_writer_processes_on_several_hosts_all_arrive_once_in_order(server, dire
     assert files(directory, "sealed") == [] and len(files(directory, "ingested")) == 3
 
 
-def test_a_killed_writers_shard_is_sealed_and_sent_by_a_sync_on_its_host(server, directory):
+def test_a_killed_writers_shard_is_sealed_and_sent_by_a_sync_on_another_host(server, directory):
     victim = subprocess.Popen(
         [sys.executable, str(TESTS / "writer_loop.py"), directory],
         stdout=subprocess.PIPE, text=True, env={**os.environ, ENV_HOST: "k"},
@@ -219,15 +222,14 @@ def test_a_killed_writers_shard_is_sealed_and_sent_by_a_sync_on_its_host(server,
     acknowledged = [int(victim.stdout.readline()) for _ in range(25)]
     victim.send_signal(signal.SIGKILL)
     victim.wait()
-    assert sync_on(server, "s", directory).returncode == 0  # another host cannot read it
-    assert not server.runs or not rows_of(the_run(server), "victim")
-    assert sync_on(server, "k", directory).returncode == 0
+    assert sync_on(server, "s", directory).returncode == 0  # nothing of walbuf runs on k again
     sent = [step for step, _ in rows_of(the_run(server), "victim")]
     assert sent[: len(acknowledged)] == acknowledged  # every acknowledged record, in order
     assert len(sent) == len(set(sent))  # each once
+    assert files(directory, "live") == [] and len(files(directory, "ingested")) == 1
 
 
-def test_doctor_says_a_dead_writers_shard_needs_a_sync_on_its_host(directory):
+def test_doctor_says_a_dead_writers_shard_needs_a_sync_from_any_host(directory):
     victim = subprocess.Popen(
         [sys.executable, str(TESTS / "writer_loop.py"), directory],
         stdout=subprocess.PIPE, text=True, env={**os.environ, ENV_HOST: "k"},
@@ -237,11 +239,11 @@ def test_doctor_says_a_dead_writers_shard_needs_a_sync_on_its_host(directory):
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     with on_host("k"):
-        report = doctor(directory)
-    (finding,) = [f for f in report.findings if not f.ok]
-    assert finding.check.startswith("shard k.") and "run walbuf sync on this host" in finding.advice
+        (here,) = [f for f in doctor(directory).findings if not f.ok]
     with on_host("s"):
-        assert doctor(directory).healthy  # from elsewhere: a young live shard of another host
+        (elsewhere,) = [f for f in doctor(directory).findings if not f.ok]
+    assert here.check.startswith("shard k.") and "run walbuf sync on this host" in here.advice
+    assert elsewhere.check == here.check and "run walbuf sync (on any host)" in elsewhere.advice
 
 
 def test_prune_removes_ingested_shards_and_never_one_not_yet_ingested(server, directory):
@@ -299,3 +301,98 @@ def test_config_written_on_any_host_reaches_the_runs_config(server, directory):
     hub = sqlite3.connect(Path(directory) / "hub.db")
     assert hub.execute("SELECT count(*) FROM config_entries").fetchone()[0] == 2
     hub.close()
+
+
+# -- hosts that die, damaged and unreadable shards ------------------------------------
+
+
+def host_writer(directory, host, writer, n, then):
+    """A writer process on ``host`` that has logged ``n`` records (see host_writer.py)."""
+    proc = subprocess.Popen(
+        [sys.executable, str(TESTS / "host_writer.py"), directory, writer, str(n), then],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, ENV_HOST: host},
+    )
+    assert proc.stdout.readline().strip() == f"logged {n}"
+    return proc
+
+
+def test_the_records_of_a_host_that_closed_and_of_a_preempted_one_arrive_from_the_login_host(server, directory):
+    closed = host_writer(directory, "a", "ra", 300, "close")
+    assert closed.wait() == 0
+    preempted = host_writer(directory, "b", "rb", 300, "stay")
+    preempted.send_signal(signal.SIGKILL)  # nothing of walbuf runs on b again
+    preempted.wait()
+    assert sync_on(server, "login", directory).returncode == 0
+    assert steps_of(the_run(server), "ra") == list(range(300))
+    assert steps_of(the_run(server), "rb") == list(range(300))
+
+
+def test_a_syncer_killed_while_sealing_another_hosts_shard_then_a_sync_delivers_each_record_once(server, directory):
+    preempted = host_writer(directory, "b", "rb", 20_000, "stay")
+    preempted.send_signal(signal.SIGKILL)
+    preempted.wait()
+    syncer = subprocess.Popen(
+        [sys.executable, "-m", "walbuf", "sync", directory],
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+        env={**os.environ, **server.env(), ENV_HOST: "login"},
+    )
+    for line in syncer.stderr:
+        if "sealing shard b." in line:
+            break  # walbuf says so just before it opens the shard
+    syncer.send_signal(signal.SIGKILL)
+    syncer.wait()
+    assert sync_on(server, "login", directory).returncode == 0
+    assert steps_of(the_run(server), "rb") == list(range(20_000))
+
+
+def damage(path):
+    """Overwrite a database file's header: SQLite then says "file is not a database"."""
+    with open(path, "r+b") as f:
+        f.write(b"\xff" * 100)
+
+
+def test_a_damaged_sealed_shard_is_set_aside_and_the_other_shards_arrive(server, directory):
+    log_on("a", directory, "ra", 3)
+    log_on("b", directory, "rb", 3)
+    (damaged,) = [p for p in (Path(directory) / "sealed").iterdir() if p.name.startswith("b.")]
+    damage(damaged)
+    proc = sync_on(server, "login", directory)
+    assert proc.returncode == 3 and "quarantine" in proc.stderr, proc.stderr
+    assert steps_of(the_run(server), "ra") == [0, 1, 2] and steps_of(the_run(server), "rb") == []
+    assert files(directory, "quarantine") == [damaged.name]
+    (shown,) = status_on("login", directory)["damaged_shards"]
+    assert shown.startswith(damaged.stem + ": ") and "not a database" in shown
+    with on_host("login"):
+        (finding,) = [f for f in doctor(directory).findings if not f.ok]
+    assert "quarantine" in finding.detail and ".recover" in finding.advice
+
+
+def test_a_shard_that_cannot_be_read_fails_the_sync_and_waits_for_the_next(server, directory):
+    log_on("a", directory, "ra", 3)
+    assert sync_on(server, "login", directory).returncode == 0
+    log_on("b", directory, "rb", 3)
+    (unreadable,) = files(directory, "sealed")
+    path = Path(directory) / "sealed" / unreadable
+    path.chmod(0)  # an injected I/O error: the file cannot be opened
+    proc = subprocess.run(
+        as_reader([sys.executable, "-m", "walbuf", "sync", directory, "--quiet"]),
+        capture_output=True, text=True, env={**os.environ, **server.env(), ENV_HOST: "login"},
+    )
+    assert proc.returncode == 1 and "could not be read" in proc.stderr, proc.stderr
+    assert files(directory, "sealed") == [unreadable]  # neither ingested nor set aside
+    assert steps_of(the_run(server), "rb") == []
+    path.chmod(0o644)
+    assert sync_on(server, "login", directory).returncode == 0
+    assert steps_of(the_run(server), "rb") == [0, 1, 2]
+
+
+def test_prune_checks_again_before_it_deletes_an_ingested_shard(server, directory):
+    log_on("a", directory, "ra", 3)
+    (shard,) = files(directory, "sealed")
+    # An ingested/ shard whose records the hub lacks (as an older walbuf could leave it).
+    os.replace(Path(directory) / "sealed" / shard, Path(directory) / "ingested" / shard)
+    result = prune(directory, older_than=0)
+    assert result.shards_removed == 0 and "back to sealed" in result.shards_kept[0]
+    assert files(directory, "sealed") == [shard]
+    assert sync_on(server, "login", directory).returncode == 0
+    assert steps_of(the_run(server), "ra") == [0, 1, 2]

@@ -84,15 +84,15 @@ class DatabaseBuffer:
         """Whether a process holds ``writer`` of ``run`` open now. Changes nothing."""
         return self.backend.lock_held(writer_lock_name(run, writer))
 
-    def open_for_sync(self) -> Storage:
-        """The database sync uploads from, checked whole for damage. The caller holds the sync lock."""
+    def open_for_sync(self) -> tuple[Storage, tuple[str, ...]]:
+        """The database sync uploads from, checked whole for damage (and nothing set aside). The caller holds the sync lock."""
         storage = Storage(self.backend, access="write")
         try:
             storage.check_integrity()
         except BaseException:
             storage.close()
             raise
-        return storage
+        return storage, ()
 
     def records(
         self, run: str | None = None, writer: str | None = None, *, quarantined: bool = False

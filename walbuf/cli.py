@@ -257,6 +257,8 @@ def _run_sync(options: dict[str, Any], *, dry_run: bool, quiet: bool, verbose: b
             )
     finally:
         shown.close()
+    for message in result.set_aside:
+        click.echo(f"walbuf: warning: {message}", err=True)
     for run in result.runs:
         for c in run.config_changes:
             click.echo(
@@ -291,7 +293,8 @@ def sync(dry_run: bool, quiet: bool, verbose: bool, **options: Any) -> None:
     """Replay BUFFER's records not yet synced into W&B, one shared-mode run per walbuf run.
 
     A record is marked synced only after W&B confirmed its upload. In W&B,
-    writer W's metric K is logged as W/K, on the step axis W/<step_axis>.
+    writer W's metric K is logged as P/K, on the step axis P/<step_axis>,
+    where the prefix P is W unless the writer set another ("": none).
     """
     if not quiet:
         _say_what_walbuf_waits_for()
@@ -359,7 +362,8 @@ def cron(**options: Any) -> None:
     if result.needs_a_person:
         click.echo(
             f"{stamp} walbuf sync {buffer}: exit {exitcodes.QUARANTINED.code}, needs a person:"
-            f" {result.records} records synced, {result.quarantined} quarantined (see the warnings above)"
+            f" {result.records} records synced, {result.quarantined} quarantined,"
+            f" {len(result.set_aside)} damaged shards set aside (see the warnings above)"
         )
         sys.exit(exitcodes.QUARANTINED.code)
     click.echo(f"{stamp} walbuf sync {buffer}: ok, {result.records} records synced")
@@ -382,6 +386,8 @@ def status(buffer: str, as_json: bool) -> None:
             "not readable from this host" if shard.not_in_hub is None else f"{shard.not_in_hub} records not yet in the hub"
         )
         click.echo(f"shard {shard.shard} ({shard.state}, since {created}): {waiting}")
+    for damaged in report.damaged_shards:
+        click.echo(f"damaged shard {damaged} (set aside in quarantine/: see walbuf doctor)")
     if not report.runs:
         click.echo("  no runs yet")
     for run in report.runs:
@@ -421,6 +427,8 @@ def prune(buffer: str, older_than: str, quiet: bool) -> None:
     """
     with _errors():
         result = prune_buffer(buffer, older_than=parse_age(older_than))
+    for message in result.shards_kept:
+        click.echo(f"walbuf: warning: {message}", err=True)
     if not quiet:
         click.echo(
             f"deleted {result.deleted} synced records"

@@ -39,7 +39,8 @@ USAGE = ExitCode(2, "bad command-line usage")
 QUARANTINED = ExitCode(
     3,
     "`sync` sent the rest, but W&B refuses some records or settings for good: they are quarantined"
-    " (`walbuf records --quarantined` shows them)",
+    " (`walbuf records --quarantined` shows them); or a damaged shard of a directory buffer was moved to"
+    " its quarantine/ folder (`walbuf doctor` says how to recover it)",
 )
 LOCKED = ExitCode(11, "another `walbuf sync` of this buffer is running", retry=True)
 DATAERR = ExitCode(

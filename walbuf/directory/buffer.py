@@ -2,10 +2,11 @@
 
 SQLite's WAL mode works only for processes on one host (its index is shared
 memory), and shared storage (NFS, Lustre, GPFS) spans hosts. A directory
-buffer gives each host its own shards (:mod:`.lease`), and no process ever
-opens another host's live shard. `walbuf sync` seals what nobody uses on its
-host and copies every shard it may read into the hub (:mod:`.ingest`), then
-uploads the hub as it would a one-file buffer.
+buffer gives each host its own shards (:mod:`.lease`), and no process opens
+another host's live shard while any process uses it. `walbuf sync` seals
+the live shards nobody uses (of any host: a host may have died) and copies
+every shard it may read into the hub (:mod:`.ingest`), then uploads the hub
+as it would a one-file buffer.
 """
 
 from __future__ import annotations
@@ -16,15 +17,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import BufferNotFoundError, NotABufferError
+from ..errors import BufferNotFoundError, NotABufferError, StorageError
 from ..record import Record, decode
 from ..store import Access, Durability, Storage
 from ..store.backend import Lock
 from ..store.sqlite import SQLiteBackend
 from ..store.storage import writer_lock_name
-from .ingest import hub_cursors, ingest, pending_in
+from .ingest import hub_cursors, in_hub, ingest, pending_in
 from .layout import MARKER, Layout, Shard, host_name
-from .lease import Lease, seal_idle
+from .lease import Lease, seal_unused
 from .shard import ShardReader, last_step
 
 
@@ -75,22 +76,23 @@ class DirectoryBuffer:
         """Whether a process on any host holds ``writer`` of ``run`` open now (the lock is in locks/). Changes nothing."""
         return self._hub().lock_held(writer_lock_name(run, writer))
 
-    def open_for_sync(self) -> Storage:
-        """Seal this host's live shards that nobody uses, copy every shard this host may read into the hub, and open it.
+    def open_for_sync(self) -> tuple[Storage, tuple[str, ...]]:
+        """Seal the live shards nobody uses (of any host), copy every shard this host may read into the hub; the hub, open.
 
-        The caller holds the sync lock.
+        Also what was set aside: damaged shards moved to quarantine/, a
+        message each (the others went on). The caller holds the sync lock.
         """
         hub = self.open_store("create")
         assert hub is not None
         try:
             hub.check_integrity()
             host = host_name()
-            seal_idle(self.layout, host)
-            ingest(self.layout, hub, host)
+            sealing = seal_unused(self.layout, host)
+            taken = ingest(self.layout, hub, host)
         except BaseException:
             hub.close()
             raise
-        return hub
+        return hub, (*sealing.set_aside, *taken.set_aside)
 
     def records(
         self, run: str | None = None, writer: str | None = None, *, quarantined: bool = False
@@ -142,16 +144,35 @@ class DirectoryBuffer:
         with ShardReader.of(shard) as reader:
             return pending_in(reader, _cursors(hub, shard))
 
-    def remove_ingested(self, older_than: float) -> int:
-        """Delete the ingested shards sealed more than ``older_than`` seconds ago (the hub holds their records)."""
+    def remove_ingested(self, older_than: float, hub: Storage | None) -> tuple[int, list[str]]:
+        """Delete the ingested shards sealed more than ``older_than`` seconds ago whose records ``hub`` holds.
+
+        Checked again here, before anything is deleted: a shard the hub's
+        cursors do not cover goes back to sealed/ (the next sync takes it
+        in), and one that cannot be read is kept. Returns how many were
+        deleted, and a message for each one that was not.
+        """
         cutoff = time.time() - older_than
-        removed = 0
+        removed, kept = 0, []
         for shard in self.layout.shards("ingested"):
             # A sealed shard is last written when sealed: its records are older.
-            if shard.path.stat().st_mtime < cutoff:
+            if shard.path.stat().st_mtime >= cutoff:
+                continue
+            try:
+                covered = hub is not None and in_hub(hub, shard)
+            except StorageError as exc:
+                kept.append(f"ingested shard {shard.id} was kept: {exc}")
+                continue
+            if covered:
                 shard.path.unlink()
                 removed += 1
-        return removed
+            else:
+                os.replace(shard.path, self.layout.sealed / shard.path.name)
+                kept.append(
+                    f"ingested shard {shard.id} holds records the hub lacks: it went back to sealed/,"
+                    " and the next sync takes them in"
+                )
+        return removed, kept
 
     def size(self) -> int:
         """Bytes of every file in the buffer."""

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
+from ..errors import BufferCorruptError
 from ..store import Storage
 from ..store.schema import config_entries, records, shard_cursors
 from .layout import Layout, Shard
@@ -33,17 +34,44 @@ from .shard import ShardReader, ShardRecord, ShardWriter
 class IngestResult:
     records: int  # copied into the hub now
     shards: int  # shards read
+    set_aside: tuple[str, ...] = ()  # damaged sealed shards moved to quarantine/, a message each
 
 
 def ingest(layout: Layout, hub: Storage, host: str) -> IngestResult:
-    """Copy what the hub lacks of every shard ``host`` may read. The caller holds the sync lock."""
+    """Copy what the hub lacks of every shard ``host`` may read. The caller holds the sync lock.
+
+    A sealed shard moves to ingested/ once the hub's cursors cover all of
+    it. One that SQLite finds damaged moves to quarantine/ instead (the
+    others go on); any other error reading a shard (an I/O error, no
+    permission) raises StorageError, and that shard stays where it was.
+    """
     copied = read = 0
+    set_aside = []
     for shard in layout.readable_shards(host):
-        copied += _ingest_shard(hub, shard)
+        try:
+            copied += _ingest_shard(hub, shard)
+        except BufferCorruptError as exc:
+            if shard.state != "sealed":
+                raise  # a live shard's writers use it: it is not ours to move
+            set_aside.append(layout.set_aside(shard, str(exc)))
+            continue
         read += 1
-        if shard.state == "sealed":
+        if shard.state == "sealed" and in_hub(hub, shard):
             os.replace(shard.path, layout.ingested / shard.path.name)
-    return IngestResult(copied, read)
+    return IngestResult(copied, read, tuple(set_aside))
+
+
+def in_hub(hub: Storage, shard: Shard) -> bool:
+    """Whether the hub's cursors cover every record and config entry of the shard."""
+    with ShardReader.of(shard) as reader:
+        found = reader.writers()
+        if pending_in(reader, hub_cursors(hub, shard.id)):
+            return False
+        done = config_cursors(hub, shard.id)
+        return all(
+            entry.id <= done.get((found[entry.writer_id].run, found[entry.writer_id].name), 0)
+            for entry in reader.config_entries()
+        )
 
 
 def _ingest_shard(hub: Storage, shard: Shard) -> int:
@@ -132,6 +160,17 @@ def _ingest_config(
                 reached[key] = entry.id
         for key, entry_id in reached.items():
             _set_cursor(conn, shard_id, key, known=key in done, config_id=entry_id)
+
+
+def config_cursors(hub: Storage, shard_id: str) -> dict[tuple[str, str], int]:
+    """(run, writer) -> the shard's id of the last config entry of it the hub holds."""
+    with hub.begin_read() as conn:
+        rows = conn.execute(
+            sa.select(shard_cursors.c.run, shard_cursors.c.writer, shard_cursors.c.config_id).where(
+                shard_cursors.c.shard == shard_id
+            )
+        )
+        return {(run, writer): config_id for run, writer, config_id in rows}
 
 
 def hub_cursors(hub: Storage, shard_id: str) -> dict[tuple[str, str], int]:

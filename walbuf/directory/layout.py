@@ -5,6 +5,8 @@
       live/HOST/GEN.db     HOST's live shard (WAL): only processes on HOST open it
       sealed/HOST.GEN.db   a sealed shard: rollback journal, never written again
       ingested/...         sealed shards whose records the hub holds (prune removes them)
+      quarantine/...       shards a sync found damaged, each with HOST.GEN.db.why saying
+                           why: a person recovers them (see walbuf doctor)
       hub.db               what `walbuf sync` uploads from (rollback journal)
       locks/               writer ids and the syncer, for every host
 
@@ -89,6 +91,7 @@ class Layout:
         self.hub = root / "hub.db"
         self.sealed = root / "sealed"
         self.ingested = root / "ingested"
+        self.quarantine = root / "quarantine"
 
     def is_buffer(self) -> bool:
         """Whether the directory is a directory buffer: it has the marker, or (older) the layout."""
@@ -121,6 +124,28 @@ class Layout:
                     if name and gen.isdigit() and host in (None, name):
                         found.append(Shard(name, int(gen), path, kind))
         return sorted(found, key=lambda s: (s.gen, s.host))
+
+    def quarantined(self) -> list[tuple[Path, str]]:
+        """The shards set aside as damaged, each with why, oldest first."""
+        found = []
+        for path in _files(self.quarantine, ".db"):
+            why = path.with_name(path.name + ".why")
+            found.append((path, why.read_text().strip() if why.exists() else "no reason was noted"))
+        return found
+
+    def set_aside(self, shard: Shard, why: str) -> str:
+        """Move a damaged shard (nobody uses it) into quarantine/ with a note of why; a message that says so."""
+        self.quarantine.mkdir(exist_ok=True)
+        target = self.quarantine / f"{shard.id}.db"
+        target.with_name(target.name + ".why").write_text(why + "\n")
+        os.replace(shard.path, target)
+        for leftover in (f"{shard.path}-wal", f"{shard.path}-shm"):
+            if os.path.exists(leftover):
+                os.replace(leftover, f"{target}{leftover[len(str(shard.path)):]}")
+        return (
+            f"shard {shard.id} is damaged ({why}) and was moved to {target}: its records are not sent;"
+            " `walbuf doctor` says how to recover it"
+        )
 
     def readable_shards(self, host: str) -> list[Shard]:
         """The shards ``host`` may read: every sealed one, and its own live ones; oldest first."""

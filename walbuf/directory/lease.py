@@ -5,7 +5,9 @@ the rotation age (WALBUF_ROTATE_SECONDS, default 300); after that, each
 writer moves to a new one at its next log(). A shard nobody uses any more
 (its processes moved on, closed, or died) is sealed: checkpointed, switched
 out of WAL, renamed into sealed/. From then on it is immutable, and any host
-reads it with SQLite's ``immutable=1``.
+reads it with SQLite's ``immutable=1``. A sync on any host seals the shards
+nobody uses, its own host's and every other's (:func:`seal_unused`): so
+the records of a host that died, or whose writers were killed, arrive too.
 
 Each process using a live shard holds a shared flock on ``GEN.db.inuse``;
 sealing takes it exclusively, so a shard is never sealed under a process
@@ -16,13 +18,18 @@ that uses it. Choosing a shard and sealing one take turns on the host's
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import sqlite3
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import StorageError
 from ..store.sqlite import flock_held
-from .layout import Layout, rotate_seconds
+from .layout import Layout, Shard, rotate_seconds
+
+_log = logging.getLogger(__name__)
 
 
 class Lease:
@@ -58,15 +65,35 @@ class Lease:
         os.close(self._fd)  # drops the flock
         self._fd = -1
         if seal:
-            seal_if_unused(self.layout, self.host, self.path)
+            outcome = seal_if_unused(self.layout, self.host, self.path)
+            if isinstance(outcome, str):
+                _log.warning("%s", outcome)
 
     def abandon(self) -> None:
         """In a forked child: the flock is the parent's (it shares the open file)."""
         self._fd = -1
 
 
-def seal_if_unused(layout: Layout, host: str, path: Path) -> bool:
-    """Seal the live shard at ``path`` unless a process uses it; True if it was sealed."""
+@dataclass(frozen=True)
+class Sealing:
+    """What :func:`seal_unused` did."""
+
+    sealed: list[Path]  # the sealed shards' new paths
+    set_aside: list[str]  # damaged shards moved to quarantine/, a message each
+
+
+def seal_if_unused(layout: Layout, host: str, path: Path, *, here: str | None = None) -> bool | str:
+    """Seal ``host``'s live shard at ``path`` unless a process uses it.
+
+    True if it was sealed, False if a process uses it (or holds SQLite's
+    lock on it past the busy timeout, or it is gone), and a message if it was
+    damaged and moved to quarantine/ instead. ``here`` is
+    the host this process runs on (default: ``host``): another host's shard
+    is opened in SQLite's exclusive locking mode, which keeps the WAL index
+    in this process's memory instead of the shared memory of that host, and
+    which no process anywhere can hold the file open against. Raises
+    StorageError if the shard cannot be read or written.
+    """
     with layout.rotate_lock(host):
         if not path.exists():
             return False
@@ -76,9 +103,16 @@ def seal_if_unused(layout: Layout, host: str, path: Path) -> bool:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return False
-            _seal(layout, host, path)
+            _log.info("sealing shard %s.%d of host %s: no process uses it", host, int(path.stem), host)
+            try:
+                damage = _seal(layout, host, path, foreign=here not in (None, host))
+            except _Busy:
+                return False  # a reader holds it (walbuf status on its host, say): the next sync seals it
+            outcome: bool | str = True
+            if damage is not None:
+                outcome = layout.set_aside(Shard(host, int(path.stem), path, "live"), damage)
             os.unlink(f"{path}.inuse")
-            return True
+            return outcome
         finally:
             os.close(fd)
 
@@ -88,26 +122,48 @@ def in_use(path: Path) -> bool:
     return flock_held(Path(f"{path}.inuse"))
 
 
-def seal_idle(layout: Layout, host: str) -> list[Path]:
-    """Seal this host's live shards that nobody uses (writers gone, or dead); the new paths."""
-    sealed = []
-    for shard in layout.shards("live", host):
-        if seal_if_unused(layout, host, shard.path):
-            sealed.append(layout.sealed / f"{host}.{shard.gen}.db")
-    return sealed
+def seal_unused(layout: Layout, here: str) -> Sealing:
+    """Seal the live shards of every host that nobody uses (their writers closed, or died with their host).
+
+    A shard whose processes died is sealed by the first sync on any host,
+    so that the records of a host that never runs walbuf again still arrive.
+    """
+    done = Sealing([], [])
+    for shard in layout.shards("live"):
+        outcome = seal_if_unused(layout, shard.host, shard.path, here=here)
+        if outcome is True:
+            done.sealed.append(layout.sealed / f"{shard.host}.{shard.gen}.db")
+        elif isinstance(outcome, str):
+            done.set_aside.append(outcome)
+    return done
 
 
-def _seal(layout: Layout, host: str, path: Path) -> None:
+def _seal(layout: Layout, host: str, path: Path, *, foreign: bool) -> str | None:
+    """Seal the shard (the caller holds it exclusively); what SQLite finds damaged instead, if anything."""
     # Every committed record moves from the WAL into the file, and the file
     # leaves WAL mode: from now on it needs no -wal or -shm, so it can be read
     # from any host, and nothing writes it again.
-    conn = sqlite3.connect(path, isolation_level=None)
     try:
-        conn.execute("PRAGMA busy_timeout=60000")
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        conn.execute("PRAGMA journal_mode=DELETE")
-    finally:
-        conn.close()
+        conn = sqlite3.connect(path, isolation_level=None)
+        try:
+            conn.execute("PRAGMA busy_timeout=10000")
+            if foreign:
+                # Before the first access: no shared memory (the WAL index is
+                # rebuilt from the WAL in this process), and an exclusive lock.
+                conn.execute("PRAGMA locking_mode=EXCLUSIVE")
+            if conn.execute("PRAGMA quick_check").fetchone() != ("ok",):
+                return "SQLite's quick_check finds it damaged"
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            conn.execute("PRAGMA journal_mode=DELETE")
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as exc:
+        message = str(exc)
+        if "malformed" in message or "not a database" in message:
+            return message
+        if "locked" in message or "busy" in message:
+            raise _Busy from exc
+        raise StorageError(f"shard {path} could not be sealed ({message}); nothing was changed") from exc
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -119,6 +175,11 @@ def _seal(layout: Layout, host: str, path: Path) -> None:
         if os.path.exists(leftover):
             os.unlink(leftover)
     _fsync_dir(layout.sealed)
+    return None
+
+
+class _Busy(Exception):
+    """Another connection held SQLite's lock on the shard past the busy timeout."""
 
 
 def _fsync_dir(path: Path) -> None:

@@ -128,6 +128,17 @@ def _directory(findings: list[Finding], buffer: DirectoryBuffer) -> None:
         for shard in layout.shards():
             if shard.state != "ingested":
                 add(_shard_finding(buffer, shard, hub, host, age, now))
+        for path, why in layout.quarantined():
+            add(
+                Finding(
+                    f"shard {path.stem}",
+                    False,
+                    f"damaged, set aside by a sync in quarantine/ ({why}): its records are not sent",
+                    f"recover what it holds with `sqlite3 {path} .recover | sqlite3 NEW.db`, then move NEW.db to"
+                    f" {layout.sealed / path.name} (the next sync takes in the records the hub lacks, none twice)"
+                    f" and delete {path} and its .why; or delete both to give its records up",
+                )
+            )
     finally:
         if hub is not None:
             hub.close()
@@ -138,13 +149,20 @@ def _shard_finding(
 ) -> Finding:
     name = f"shard {shard.id}"
     if shard.state == "live" and shard.host != host:
+        if not in_use(shard.path):
+            return Finding(
+                name,
+                False,
+                f"live on {shard.host}, and no process uses it (its writers closed or died)",
+                "run walbuf sync (on any host): it seals the shard and copies its records in",
+            )
         if now > shard.gen / 1e9 + 2 * age:
             return Finding(
                 name,
                 False,
-                f"live on {shard.host} for longer than twice the rotation age ({age:g}s):"
-                " its writers there may have died, or hang",
-                f"on {shard.host}, run walbuf sync (it seals shards nobody uses) or check its writers",
+                f"in use on {shard.host} for longer than twice the rotation age ({age:g}s):"
+                " a writer there is idle or hangs",
+                f"check the writers on {shard.host}; their records arrive once they log again or close",
             )
         return Finding(name, True, f"live on {shard.host}")
     if shard.state == "sealed":
@@ -154,7 +172,8 @@ def _shard_finding(
                 name,
                 False,
                 "sealed, damaged: " + damage,
-                f"copy {shard.path} aside and recover it with `sqlite3 FILE .recover`, then put the copy in its place",
+                "run walbuf sync: it sets the shard aside in quarantine/, and walbuf doctor then says how to"
+                " recover it",
             )
     try:
         waiting = buffer.not_in_hub(shard, hub)

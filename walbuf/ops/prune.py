@@ -40,6 +40,9 @@ class PruneResult:
     bytes_before: int
     bytes_after: int
     shards_removed: int = 0  # of a directory buffer: ingested shards deleted
+    # Of a directory buffer: ingested shards not deleted after all, a message each
+    # (the hub lacks some of their records, or they could not be read).
+    shards_kept: tuple[str, ...] = ()
 
 
 def prune(buffer: Location, *, older_than: float, vacuum: bool = True) -> PruneResult:
@@ -47,7 +50,9 @@ def prune(buffer: Location, *, older_than: float, vacuum: bool = True) -> PruneR
 
     Of a directory buffer: the hub's synced records, and the ingested shards
     (whose records the hub holds) sealed longer ago than ``older_than``. A
-    live or sealed shard not yet ingested is never touched.
+    live or sealed shard not yet ingested is never touched, and an ingested
+    one is deleted only if the hub's cursors still cover all of it (else it
+    goes back to sealed/ for the next sync to take in).
 
     Writers may keep logging meanwhile. In SQLite they wait on its lock
     while the deletion and the VACUUM run (up to the busy timeout), and the
@@ -63,11 +68,13 @@ def prune(buffer: Location, *, older_than: float, vacuum: bool = True) -> PruneR
         before = located.size()
         deleted = 0
         hub = located.open_store("write")
-        if hub is not None:
+        if hub is None:
+            removed, kept = located.remove_ingested(older_than, None)
+        else:
             with hub:
                 deleted = _delete_synced(hub, older_than, vacuum)
-        removed = located.remove_ingested(older_than)
-        return PruneResult(deleted, before, located.size(), removed)
+                removed, kept = located.remove_ingested(older_than, hub)
+        return PruneResult(deleted, before, located.size(), removed, tuple(kept))
     with located.open_store("write") as storage:
         before = storage.size()
         deleted = _delete_synced(storage, older_than, vacuum)

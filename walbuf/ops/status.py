@@ -71,6 +71,8 @@ class BufferStatus:
     runs: tuple[RunStatus, ...]
     # Of a directory buffer: its shards not yet ingested. Runs are the hub's.
     shards: tuple[ShardStatus, ...] = ()
+    # Of a directory buffer: damaged shards a sync set aside in quarantine/ ("HOST.GEN: why").
+    damaged_shards: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for JSON (dicts, lists, str, numbers, None): per run and writer at least ``records`` and ``pending``."""
@@ -99,12 +101,14 @@ def status(buffer: Location) -> BufferStatus:
         with storage, storage.begin_read() as conn:
             run_status = read_runs(conn)
     shard_status: list[ShardStatus] = []
+    damaged: list[str] = []
     if isinstance(located, DirectoryBuffer):
         shard_status = [
             ShardStatus(e.shard.id, e.shard.host, "live" if e.shard.state == "live" else "sealed", e.shard.gen / 1e9, e.not_in_hub)
             for e in located.backlog()
         ]
-    return BufferStatus(located.location, tuple(run_status), tuple(shard_status))
+        damaged = [f"{path.stem}: {why}" for path, why in located.layout.quarantined()]
+    return BufferStatus(located.location, tuple(run_status), tuple(shard_status), tuple(damaged))
 
 
 def read_runs(conn: sa.Connection) -> list[RunStatus]:

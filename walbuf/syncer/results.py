@@ -85,6 +85,9 @@ class SyncResult:
     unreadable_shards: int = 0
     # The bounds (max_records, max_seconds) ended the sync with records still pending.
     stopped_early: bool = False
+    # Of a directory buffer: shards this sync found damaged and moved to
+    # quarantine/ (their records are not sent), a message each.
+    set_aside: tuple[str, ...] = ()
 
     @property
     def records(self) -> int:
@@ -97,5 +100,5 @@ class SyncResult:
 
     @property
     def needs_a_person(self) -> bool:
-        """Whether W&B refused part of what a run holds (quarantined records, left-out settings)."""
-        return any(r.needs_a_person for r in self.runs)
+        """Whether part of what the buffer holds was not sent for good: quarantined records or shards, left-out settings."""
+        return bool(self.set_aside) or any(r.needs_a_person for r in self.runs)

@@ -111,7 +111,8 @@ def sync(
     if not acquired:
         raise SyncLockedError(_locked_message(located, wait))
     try:
-        with located.open_for_sync() as storage, _wandb_folder(storage, directory, mode) as folder:
+        storage, set_aside = located.open_for_sync()
+        with storage, _wandb_folder(storage, directory, mode) as folder:
             done = []
             stopped = False
             for name in runs_to_sync(storage, run, run_id):
@@ -122,7 +123,7 @@ def sync(
                 if report is not None:
                     done.append(report)
                     stopped = stopped or report.cut_short
-            return SyncResult(runs=tuple(done), stopped_early=stopped)
+            return SyncResult(runs=tuple(done), stopped_early=stopped, set_aside=set_aside)
     finally:
         lock.release()
 

@@ -1,0 +1,21 @@
+"""A writer on a simulated host: logs N records, says so, then closes or stays open.
+
+Usage: host_writer.py BUFFER WRITER N close|stay
+
+The host is $WALBUF_HOST. Prints "logged N" once every record is committed;
+with "stay" it then keeps the writer open, idle, until its stdin closes (or
+it is killed).
+"""
+
+import sys
+
+import walbuf
+
+buffer, writer, n, then = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+w = walbuf.Writer(buffer, writer=writer, run="exp")
+for i in range(n):
+    w.log({"i": i})
+print(f"logged {n}", flush=True)
+if then == "stay":
+    sys.stdin.read()
+w.close()
