@@ -60,6 +60,15 @@ def wandb_session_server():
 
 
 @pytest.fixture
+def in_process(wandb_session_server, tmp_path, monkeypatch):
+    """A server for syncs run in this process (see wandb_session_server)."""
+    for name, value in wandb_session_server.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    return wandb_session_server
+
+
+@pytest.fixture
 def server():
     """A fake W&B server of this test's own, for syncs run in other processes."""
     from wandb_server import FakeWandb

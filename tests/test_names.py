@@ -23,14 +23,6 @@ from walbuf.store import schema
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def in_process(wandb_session_server, tmp_path, monkeypatch):
-    for name, value in wandb_session_server.env().items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    return wandb_session_server
-
-
 def synced_run(server, buffer, **options):
     (run,) = walbuf.sync(buffer, **options).runs
     return server.run(run.target.wandb_id)

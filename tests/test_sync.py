@@ -25,15 +25,6 @@ pytestmark = [pytest.mark.backends("sqlite", "postgresql"), pytest.mark.slow]
 TESTS = Path(__file__).parent
 
 
-@pytest.fixture
-def in_process(wandb_session_server, tmp_path, monkeypatch):
-    """A server for syncs run in this process (see conftest.wandb_session_server)."""
-    for name, value in wandb_session_server.env().items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    return wandb_session_server
-
-
 def run_status(buffer):
     proc = subprocess.run(
         [sys.executable, "-m", "walbuf", "status", str(buffer), "--json"], capture_output=True, text=True

@@ -164,24 +164,20 @@ def _ingest_config(
 
 def config_cursors(hub: Storage, shard_id: str) -> dict[tuple[str, str], int]:
     """(run, writer) -> the shard's id of the last config entry of it the hub holds."""
-    with hub.begin_read() as conn:
-        rows = conn.execute(
-            sa.select(shard_cursors.c.run, shard_cursors.c.writer, shard_cursors.c.config_id).where(
-                shard_cursors.c.shard == shard_id
-            )
-        )
-        return {(run, writer): config_id for run, writer, config_id in rows}
+    return _cursors(hub, shard_id, shard_cursors.c.config_id)
 
 
 def hub_cursors(hub: Storage, shard_id: str) -> dict[tuple[str, str], int]:
     """(run, writer) -> the shard's id of the last record of it the hub holds."""
+    return _cursors(hub, shard_id, shard_cursors.c.last_id)
+
+
+def _cursors(hub: Storage, shard_id: str, column: sa.Column[int]) -> dict[tuple[str, str], int]:
     with hub.begin_read() as conn:
         rows = conn.execute(
-            sa.select(shard_cursors.c.run, shard_cursors.c.writer, shard_cursors.c.last_id).where(
-                shard_cursors.c.shard == shard_id
-            )
+            sa.select(shard_cursors.c.run, shard_cursors.c.writer, column).where(shard_cursors.c.shard == shard_id)
         )
-        return {(run, writer): last_id for run, writer, last_id in rows}
+        return {(run, writer): cursor for run, writer, cursor in rows}
 
 
 def _set_cursor(conn: sa.Connection, shard_id: str, key: tuple[str, str], *, known: bool, **values: int) -> None:
