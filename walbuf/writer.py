@@ -50,7 +50,6 @@ if TYPE_CHECKING:
     from .settings import WriterOptions
 
 MAX_STEP = 2**63 - 1
-_AXIS_CLAIMED = "\0axis"  # in _Open.claimed: the step axis is claimed (no metric key holds a NUL)
 
 _log = logging.getLogger(__name__)
 
@@ -68,22 +67,24 @@ class _Open:
     prefix: str
     writer_pk: int
     last_step: int | None
-    # Keys this process has claimed for its axis (see walbuf.store.claims):
-    # claims are never withdrawn, so each key is checked once per process.
+    # Keys this process has claimed for its axis, and whether the axis itself
+    # (see walbuf.store.claims), in the current segment's database: claims are
+    # never withdrawn, so each is made once per process and segment.
     claimed: set[str] = field(default_factory=set)
+    axis_claimed: bool = False
 
     def claim(self, keys: dict[str, Any]) -> None:
         """Claim the W&B names of ``keys`` (and of the step axis) not claimed yet; KeyConflictError if another writer holds one."""
         new = [key for key in keys if key not in self.claimed]
         axis = wandb_key(self.prefix, self.step_axis)
         wanted: dict[str, str | None] = {wandb_key(self.prefix, key): axis for key in new}
-        if not self.claimed:
+        if not self.axis_claimed:
             wanted[axis] = None
         conflict = self.storage.claim_keys(self.writer_pk, wanted)
         if conflict is not None:
             raise KeyConflictError(f"{conflict.explain(self.writer, axis)} (nothing was written)")
         self.claimed.update(new)
-        self.claimed.add(_AXIS_CLAIMED)
+        self.axis_claimed = True
 
     @property
     def storage(self) -> Storage:
@@ -212,7 +213,7 @@ class Writer:
         state.appender.close()
         state.segment.release()
         state.segment, state.appender, state.writer_pk = segment, appender, writer_pk
-        state.claimed = set()  # the new segment's database holds none of them yet
+        state.claimed, state.axis_claimed = set(), False  # the new segment's database holds none of them yet
 
     def _own(self, storage: Storage, appender: Appender, writer: str) -> Lock:
         run, wait = self.settings.run, self.settings.wait
@@ -288,7 +289,7 @@ class Writer:
             now = time.time()
             if now >= state.segment.expires:
                 self._rotate(state)
-            if not state.claimed.issuperset(flat) or not state.claimed:
+            if not state.axis_claimed or not state.claimed.issuperset(flat):
                 state.claim(flat)
             state.appender.append((state.writer_pk, step, now, payload))
             state.last_step = step

@@ -19,6 +19,7 @@ and quarantines a record that breaks a claim.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -57,33 +58,49 @@ class Conflict:
         )
 
 
-def claimed(conn: sa.Connection, run_id: int) -> dict[str, tuple[str | None, str]]:
-    """The run's claims: W&B key -> (its axis, the name of the writer that claimed it)."""
-    rows = conn.execute(
+def claimed(
+    conn: sa.Connection, run_id: int, keys: Iterable[str] | None = None
+) -> dict[str, tuple[str | None, str]]:
+    """The run's claims (of ``keys`` only, if given): W&B key -> (its axis, the name of the writer that claimed it)."""
+    query = (
         sa.select(key_claims.c.key, key_claims.c.step_axis, writers.c.name)
         .select_from(key_claims.join(writers, writers.c.id == key_claims.c.writer_id))
         .where(key_claims.c.run_id == run_id)
     )
-    return {key: (axis, name) for key, axis, name in rows}
+    if keys is None:
+        return {key: (axis, name) for key, axis, name in conn.execute(query)}
+    held: dict[str, tuple[str | None, str]] = {}
+    wanted = list(keys)
+    for start in range(0, len(wanted), 500):  # bounded IN lists
+        rows = conn.execute(query.where(key_claims.c.key.in_(wanted[start : start + 500])))
+        held.update({key: (axis, name) for key, axis, name in rows})
+    return held
 
 
 def claim(conn: sa.Connection, writer_pk: int, wanted: Claims) -> Conflict | None:
     """In a write transaction: claim ``wanted`` for writer ``writer_pk``; the first conflict, claiming nothing, if any."""
     run_id = conn.execute(sa.select(writers.c.run_id).where(writers.c.id == writer_pk)).scalar_one()
-    held: dict[str, tuple[str | None, str]] = {}
-    keys = list(wanted)
-    for start in range(0, len(keys), 500):  # bounded IN lists
-        part = keys[start : start + 500]
-        rows = conn.execute(
-            sa.select(key_claims.c.key, key_claims.c.step_axis, writers.c.name)
-            .select_from(key_claims.join(writers, writers.c.id == key_claims.c.writer_id))
-            .where(key_claims.c.run_id == run_id, key_claims.c.key.in_(part))
-        )
-        held.update({key: (axis, name) for key, axis, name in rows})
+    held = claimed(conn, run_id, wanted)
     for key, axis in wanted.items():
         if key in held and held[key][0] != axis:
             return Conflict(key, held[key][0], held[key][1])
-    new = [{"run_id": run_id, "key": k, "step_axis": a, "writer_id": writer_pk} for k, a in wanted.items() if k not in held]
-    if new:
-        conn.execute(key_claims.insert(), new)
+    _insert(conn, run_id, {key: (axis, writer_pk) for key, axis in wanted.items() if key not in held})
     return None
+
+
+def claim_unheld(conn: sa.Connection, run_id: int, wanted: dict[str, tuple[str | None, int]]) -> None:
+    """In a write transaction: store the claims (key -> (axis, writer id)) among ``wanted`` that no writer holds yet.
+
+    A claim made meanwhile stands: what conflicts with it is checked when
+    it is next sent.
+    """
+    held = claimed(conn, run_id, wanted)
+    _insert(conn, run_id, {key: value for key, value in wanted.items() if key not in held})
+
+
+def _insert(conn: sa.Connection, run_id: int, new: dict[str, tuple[str | None, int]]) -> None:
+    if new:
+        conn.execute(
+            key_claims.insert(),
+            [{"run_id": run_id, "key": key, "step_axis": axis, "writer_id": w} for key, (axis, w) in new.items()],
+        )

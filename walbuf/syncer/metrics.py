@@ -31,8 +31,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from ..store.claims import Conflict, claimed
-from ..store.schema import key_claims, last_values
+from ..store.claims import Conflict, claim_unheld, claimed
+from ..store.schema import last_values
 from .plan import PlanWriter
 
 _WANDB_OWN = frozenset({"_timestamp", "_runtime", "_step"})  # wandb fills these in each row itself
@@ -100,22 +100,7 @@ class RunMetrics:
         # A writer may have claimed one of these keys since (for its first
         # record, as the upload sent older ones of another writer): its claim
         # stands, the record it is for will be checked at the next sync.
-        keys = list(self.new_claims)
-        taken: set[str] = set()
-        for start in range(0, len(keys), 500):
-            part = keys[start : start + 500]
-            taken.update(
-                conn.scalars(
-                    sa.select(key_claims.c.key).where(key_claims.c.run_id == self.run_id, key_claims.c.key.in_(part))
-                )
-            )
-        new = [
-            {"run_id": self.run_id, "key": key, "step_axis": axis, "writer_id": writer_id}
-            for key, (axis, writer_id) in self.new_claims.items()
-            if key not in taken
-        ]
-        if new:
-            conn.execute(key_claims.insert(), new)
+        claim_unheld(conn, self.run_id, self.new_claims)
         sent = [key for key in self.sent if key not in _WANDB_OWN]
         for start in range(0, len(sent), 500):
             part = sent[start : start + 500]

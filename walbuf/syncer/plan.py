@@ -206,30 +206,27 @@ def _target(
         sa.select(runs.c.target_refused, runs.c.mode).where(runs.c.id == run_id)
     ).one()
     switching = _check_mode(name, stored, stored_mode, mode, overrides)
-    if switching:
-        target = Target(*(given or old for given, old in zip(astuple(overrides), astuple(stored))))
-    elif refused is None:
-        target = merge_target(stored, overrides, name)
-    elif overrides == Target():
+    replacing = switching or refused is not None  # what is given replaces what is stored
+    if refused is not None and not switching and overrides == Target():
         raise TargetRefusedError(
             f"run {name!r} is not sent: W&B refused its target ({_target_text(stored)}) at an earlier sync:"
             f" {refused}; give another with --project, --entity or --run-id"
         )
-    else:
+    if replacing:
         target = Target(*(given or old for given, old in zip(astuple(overrides), astuple(stored))))
+    else:
+        target = merge_target(stored, overrides, name)
     if dry_run:
         return target, switching
     if target.wandb_id is None:
         # Stored before the upload, so that a retry goes to the same W&B run.
         target = replace(target, wandb_id=generate_run_id())
-    if switching:
-        # A new W&B run: its offline rows are numbered from 0.
-        conn.execute(runs.update().where(runs.c.id == run_id).values(**asdict(target), mode=None, offline_step=0))
-        return target, True
-    if refused is not None:
-        conn.execute(runs.update().where(runs.c.id == run_id).values(**asdict(target)))
-        return target, False
-    return set_target(conn, run_id, name, target), False
+    if not replacing:
+        return set_target(conn, run_id, name, target), False
+    # A new W&B run for another mode numbers its offline rows from 0.
+    anew = {"mode": None, "offline_step": 0} if switching else {}
+    conn.execute(runs.update().where(runs.c.id == run_id).values(**asdict(target), **anew))
+    return target, switching
 
 
 def _check_mode(name: str, stored: Target, stored_mode: str | None, mode: SyncMode, overrides: Target) -> bool:

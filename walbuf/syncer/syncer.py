@@ -146,7 +146,7 @@ def _sync_run(
     run would, if killed, leave the run finished by wandb's service before
     its last records arrived.
     """
-    report = _upload(storage, name, overrides, mode, folder, budget, progress, on_run, None, finishing=False)
+    report = _upload(storage, name, overrides, mode, folder, budget, progress, on_run, None)
     if report is not None and report.cut_short:
         return report
     if mode != "online" or budget.spent():
@@ -154,7 +154,7 @@ def _sync_run(
     code = outcome(storage, buffer, name)
     if code is None:
         return report
-    final = _upload(storage, name, overrides, mode, folder, budget, None, None, code, finishing=True)
+    final = _upload(storage, name, overrides, mode, folder, budget, None, None, code)
     assert final is not None
     return final if report is None else replace(report, finished=final.finished)
 
@@ -169,10 +169,9 @@ def _upload(
     progress: Callable[[int], None] | None,
     on_run: Callable[[RunSync], None] | None,
     finish_code: int | None,
-    *,
-    finishing: bool,
 ) -> RunSync | None:
-    planned = plan(storage, name, overrides, mode, budget, dry_run=False, finishing=finishing)
+    """Plan and send one upload of the run; with ``finish_code``, one that finishes it (even with nothing pending)."""
+    planned = plan(storage, name, overrides, mode, budget, dry_run=False, finishing=finish_code is not None)
     if planned is None:
         return None
     if on_run is not None:

@@ -197,7 +197,8 @@ class _Replay:
         try:
             for name, step_metric in needed:
                 wandb_run.define_metric(name, step_metric)
-            row: dict[str, object] = {prefix + key: value for key, value in values.items()} if prefix else dict(values)
+            # Without a prefix the decoded record (a dict of its own) is the row.
+            row: dict[str, object] = {prefix + key: value for key, value in values.items()} if prefix else values
             row[writer.axis] = step
             # W&B's wall-clock axis shows when the record was logged, not synced.
             row["_timestamp"] = wall_time
