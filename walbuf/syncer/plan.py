@@ -10,6 +10,8 @@ have delivered), and notes the new upload as running.
 
 from __future__ import annotations
 
+import functools
+
 import os
 import secrets
 import socket
@@ -45,10 +47,15 @@ class PlanWriter:
         """The W&B history key of one of its keys."""
         return wandb_key(self.prefix, key)
 
-    @property
+    @functools.cached_property
     def axis(self) -> str:
         """The W&B history key of its step axis."""
         return wandb_key(self.prefix, self.step_axis)
+
+    @functools.cached_property
+    def key_prefix(self) -> str:
+        """What its keys are prefixed with in W&B: "prefix/", or "" for none."""
+        return wandb_key(self.prefix, "")
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
@@ -34,9 +33,7 @@ from .budget import Budget
 from .metrics import RunMetrics
 from .plan import Plan, PlanWriter, pending_filter
 from .results import ConfigChange, Quarantined, RefusedSetting, RunSync, SyncMode
-
-if TYPE_CHECKING:
-    from .wandb_run import WandbRun
+from .wandb_run import RowRefused, WandbRun  # it imports wandb itself, when a run is opened
 
 READ_CHUNK = 2000  # records per read transaction: short snapshots let the WAL checkpoint
 PROGRESS_EVERY = 100  # records between calls of the progress callback
@@ -70,8 +67,6 @@ def upload(
     as records were handed to wandb. A TargetRefusedError also marks the
     run's target refused, so that no later sync uses it again.
     """
-    from .wandb_run import WandbRun  # wandb is imported only when something is sent
-
     merged, changes, refused_settings, config_id = _config(storage, plan)
     replay = _Replay(storage, plan, mode, budget, progress)
     try:
@@ -184,8 +179,6 @@ class _Replay:
 
     def _send(self, wandb_run: WandbRun, writer: PlanWriter, step: int, wall_time: float, metrics: str) -> str | None:
         """Send one record as a history row; why W&B would refuse it for good, if it would (then nothing is sent)."""
-        from .wandb_run import RowRefused
-
         values = decode(metrics)
         problem = _breaks_the_rules(values, metrics, writer)
         if problem is not None:
@@ -193,7 +186,7 @@ class _Replay:
         problem, needed = self.metrics.check(writer, values)
         if problem is not None:
             return problem
-        prefix = writer.prefix + "/" if writer.prefix else ""
+        prefix = writer.key_prefix
         try:
             for name, step_metric in needed:
                 wandb_run.define_metric(name, step_metric)
@@ -264,8 +257,8 @@ def _pending(storage: Storage, plan: Plan) -> Iterator[tuple[PlanWriter, int, in
             chunk = conn.execute(query).all()
         if not chunk:
             return
-        for row in chunk:
-            yield plan.writers[row.writer_id], row.id, row.step, row.time, row.metrics
+        for record_id, writer_id, step, wall_time, metrics in chunk:
+            yield plan.writers[writer_id], record_id, step, wall_time, metrics
         after = chunk[-1].id
 
 
