@@ -4,12 +4,16 @@ Usage: host_writer.py BUFFER WRITER N close|stay
 
 The host is $WALBUF_HOST. Prints "logged N" once every record is committed;
 with "stay" it then keeps the writer open, idle, until its stdin closes (or
-it is killed).
+it is killed). walbuf's log goes to stderr (its writer says there when it
+lets go of its shard while idle).
 """
 
+import logging
 import sys
 
 import walbuf
+
+logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
 
 buffer, writer, n, then = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 w = walbuf.Writer(buffer, writer=writer, run="exp")

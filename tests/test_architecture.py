@@ -22,7 +22,8 @@ LAYERS = {
     "walbuf.settings": {"walbuf.store", "walbuf.buffer"},
     "walbuf.syncer": {"walbuf.store", "walbuf.directory", "walbuf.buffer", "walbuf.syncer"},
     "walbuf.ops": {"walbuf.store", "walbuf.directory", "walbuf.buffer", "walbuf.ops"},
-    "walbuf.writer": {"walbuf.store", "walbuf.buffer", "walbuf.settings"},
+    "walbuf.expiry": set(),
+    "walbuf.writer": {"walbuf.store", "walbuf.buffer", "walbuf.settings", "walbuf.expiry"},
 }
 ANYWHERE = {"walbuf.errors", "walbuf.record"}
 

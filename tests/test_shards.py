@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
+import threading
+import contextlib
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -23,6 +26,7 @@ import walbuf
 from conftest import as_reader, rows_of, run_sync
 from walbuf import doctor, prune
 from walbuf.directory.layout import ENV_HOST, ENV_ROTATE
+from walbuf.directory.lease import in_use
 
 pytestmark = pytest.mark.slow  # real processes and syncs: not in the quick loop
 
@@ -306,25 +310,128 @@ def test_config_written_on_any_host_reaches_the_runs_config(server, directory):
 # -- hosts that die, damaged and unreadable shards ------------------------------------
 
 
-def host_writer(directory, host, writer, n, then):
+def host_writer(directory, host, writer, n, then, *, env=None, stderr=None):
     """A writer process on ``host`` that has logged ``n`` records (see host_writer.py)."""
     proc = subprocess.Popen(
         [sys.executable, str(TESTS / "host_writer.py"), directory, writer, str(n), then],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, ENV_HOST: host},
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True,
+        env={**os.environ, ENV_HOST: host, **(env or {})},
     )
     assert proc.stdout.readline().strip() == f"logged {n}"
     return proc
 
 
-def test_the_records_of_a_host_that_closed_and_of_a_preempted_one_arrive_from_the_login_host(server, directory):
+def idle_writer(directory, host, writer, n):
+    """A writer process on ``host`` that logged ``n`` records, stays open, and has let go of its shard since."""
+    proc = host_writer(directory, host, writer, n, "stay", env={ENV_ROTATE: "1"}, stderr=subprocess.PIPE)
+    # If it never says so, the watchdog ends it, and the loop with it: only a failing test waits for it.
+    watchdog = threading.Timer(120, proc.kill)
+    watchdog.start()
+    try:
+        for line in proc.stderr:
+            if "let go of its shard" in line:
+                return proc
+    finally:
+        watchdog.cancel()
+    pytest.fail(f"writer {writer!r} on {host} never let go of its shard")
+
+
+def test_a_writer_that_stays_open_and_idle_lets_go_of_its_shard_and_a_sync_on_another_host_sends_its_records(
+    server, directory
+):
+    idle = idle_writer(directory, "c", "rc", 300)
+    assert sync_on(server, "login", directory).returncode == 0
+    assert steps_of(the_run(server), "rc") == list(range(300))
+    assert the_run(server).complete is False  # the writer is still open: the job runs on
+    idle.stdin.close()  # it closes with no shard open
+    assert idle.wait() == 0
+    assert sync_on(server, "login", directory).returncode == 0
+    assert the_run(server).exit_code == 0  # its close was noted: not taken for dead
+    assert steps_of(the_run(server), "rc") == list(range(300))
+
+
+def test_an_idle_writer_that_logs_again_continues_in_a_new_shard_and_its_close_is_noted(
+    server, directory, monkeypatch
+):
+    let_go = threading.Event()
+
+    class Watch(logging.Handler):
+        def emit(self, record):
+            if "let go of its shard" in record.getMessage():
+                let_go.set()
+
+    logger = logging.getLogger("walbuf.writer")
+    watch = Watch()
+    logger.addHandler(watch)
+    monkeypatch.setattr(logger, "level", logging.INFO)
+    try:
+        with on_host("c"):
+            monkeypatch.setenv(ENV_ROTATE, "1")
+            w = walbuf.Writer(directory, writer="rc", run="exp")
+            w.log({"i": 0})
+            (first,) = files(directory, "live")
+            assert let_go.wait(120), "the writer never let go of its shard"
+            assert files(directory, "sealed") == [f"c.{int(first[:-3])}.db"]  # it was the shard's last user
+            monkeypatch.delenv(ENV_ROTATE)
+            w.log({"i": 1})
+            w.close()
+    finally:
+        logger.removeHandler(watch)
+    assert sync_on(server, "login", directory).returncode == 0
+    assert steps_of(the_run(server), "rc") == [0, 1]
+    assert the_run(server).exit_code == 0  # its close was noted: not taken for dead
+
+
+def test_a_fork_waits_while_the_expiry_thread_lets_go_of_a_shard_and_the_child_logs_and_exits(directory):
+    proc = subprocess.Popen(
+        [sys.executable, str(TESTS / "fork_while_letting_go.py"), directory],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, ENV_HOST: "f", ENV_ROTATE: "1"}, start_new_session=True,
+    )
+    # Only a failing test waits for it: it ends the process and a child it forked (which may hang).
+    watchdog = threading.Timer(120, os.killpg, (proc.pid, signal.SIGKILL))
+    watchdog.start()
+    try:
+        while True:
+            proc.stdin.write("log\n")
+            proc.stdin.flush()
+            shard = Path(proc.stdout.readline().strip())
+            # With the host's rotate.lock held here, letting go of a shard that is
+            # still in use cannot end: the expiry thread waits for the lock to seal it.
+            rotate_lock = os.open(shard.parent / "rotate.lock", os.O_RDWR | os.O_CREAT)
+            fcntl.flock(rotate_lock, fcntl.LOCK_EX)
+            if in_use(shard):
+                break
+            os.close(rotate_lock)  # it expired already: log into a new one
+        proc.stdin.write("fork\n")
+        proc.stdin.flush()
+        for line in proc.stderr:
+            if "fork waits for walbuf's expiry thread" in line:
+                break
+        os.close(rotate_lock)  # the expiry thread seals the shard; then the fork goes on
+        assert proc.stdout.readline().strip() == "child 0"
+        assert proc.wait() == 0
+    finally:
+        watchdog.cancel()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert [r.writer for r in walbuf.read(directory)].count("child") == 1
+
+
+def test_the_records_of_a_host_that_closed_of_a_preempted_one_and_of_an_idle_one_arrive_from_the_login_host(
+    server, directory
+):
     closed = host_writer(directory, "a", "ra", 300, "close")
     assert closed.wait() == 0
     preempted = host_writer(directory, "b", "rb", 300, "stay")
     preempted.send_signal(signal.SIGKILL)  # nothing of walbuf runs on b again
     preempted.wait()
-    assert sync_on(server, "login", directory).returncode == 0
-    assert steps_of(the_run(server), "ra") == list(range(300))
-    assert steps_of(the_run(server), "rb") == list(range(300))
+    idle = idle_writer(directory, "c", "rc", 300)
+    assert sync_on(server, "login", directory).returncode == 0  # syncs run on the login host only
+    fake_run = the_run(server)
+    assert [steps_of(fake_run, w) for w in ("ra", "rb", "rc")] == [list(range(300))] * 3  # each once, in order
+    idle.stdin.close()
+    assert idle.wait() == 0
 
 
 def test_a_syncer_killed_while_sealing_another_hosts_shard_then_a_sync_delivers_each_record_once(server, directory):

@@ -5,12 +5,14 @@ from __future__ import annotations
 import atexit
 import functools
 import os
+import threading
 import time
 from dataclasses import replace
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from . import expiry
 from .buffer import Buffer, Location
 from .directory import DirectoryBuffer
 from .directory.lease import Lease
@@ -68,28 +70,49 @@ def logged(buffer: Location | None = None, **options: Unpack[WriterOptions]) -> 
 
 # The shard this process keeps using, per directory buffer: (pid, lease).
 _kept: dict[Path, tuple[int, Lease]] = {}
+_kept_lock = threading.Lock()
+
+
+def _new_kept_lock() -> None:
+    global _kept_lock
+    _kept_lock = threading.Lock()  # a forked child's own: another thread of the parent may have held it
+
+
+os.register_at_fork(after_in_child=_new_kept_lock)
 
 
 def _keep_shard(buffer: Buffer) -> None:
     """On a directory buffer: hold this host's live shard between calls (see logged)."""
     if not isinstance(buffer, DirectoryBuffer):
         return
-    held = _kept.get(buffer.root)
-    if held is not None:
-        pid, lease = held
-        if pid != os.getpid():
-            lease.abandon()  # the parent's: forked with it, not ours to release
-        elif time.time() < lease.expires:
-            return
-        else:
-            lease.release()  # expired: sealed if no writer uses it
-        del _kept[buffer.root]
-    _kept[buffer.root] = (os.getpid(), buffer.hold_shard())
+    with _kept_lock:
+        held = _kept.get(buffer.root)
+        if held is not None:
+            pid, lease = held
+            if pid != os.getpid():
+                lease.abandon()  # the parent's: forked with it, not ours to release
+            elif time.time() < lease.expires:
+                return
+            else:
+                lease.release()  # expired: sealed if no writer uses it
+            del _kept[buffer.root]
+        lease = buffer.hold_shard()
+        _kept[buffer.root] = (os.getpid(), lease)
+    # An idle process lets go of it once it expires (see walbuf.expiry).
+    expiry.call_at(lease.expires, functools.partial(_let_go_if_expired, buffer.root, lease))
+
+
+def _let_go_if_expired(root: Path, lease: Lease) -> None:
+    with _kept_lock:
+        if _kept.get(root) == (os.getpid(), lease):
+            del _kept[root]
+            lease.release()
 
 
 @atexit.register
 def _release_kept() -> None:
-    for pid, lease in _kept.values():
-        if pid == os.getpid():
-            lease.release()
-    _kept.clear()
+    with _kept_lock:
+        for pid, lease in _kept.values():
+            if pid == os.getpid():
+                lease.release()
+        _kept.clear()

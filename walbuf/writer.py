@@ -14,6 +14,7 @@ and opens its own there on first use, with that process's writer id.
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import operator
 import os
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
+from . import expiry
 from .buffer import Location, Segment
 from .errors import (
     ArgumentTypeError,
@@ -59,8 +61,8 @@ class _Open:
     """What a Writer holds open, in the process that opened it."""
 
     pid: int
-    segment: Segment
-    appender: Appender
+    segment: Segment | None  # None: let go while idle (see walbuf.expiry); the next log() opens one
+    appender: Appender | None
     owner: Lock
     writer: str
     step_axis: str
@@ -88,25 +90,42 @@ class _Open:
 
     @property
     def storage(self) -> Storage:
+        assert self.segment is not None, "a segment is opened before use (Writer._segment)"
         return self.segment.storage
 
     def close(self) -> None:
         try:
-            self.appender.close()
-            try:
-                self.storage.mark_closed(self.writer_pk)
-            except StorageError as exc:
-                # Every record is committed already; only the note is lost, and
-                # the syncer then takes the writer for one that died.
-                _log.warning("could not note that writer %r closed: %s", self.writer, exc)
+            if self.segment is not None:
+                self.let_go(closing=True)
         finally:
-            self.segment.release()  # a directory buffer's shard is sealed if this was its last user
             self.owner.release()
+
+    def let_go(self, closing: bool = False) -> None:
+        """Close the segment (noting that the writer closed, if ``closing``); a shard is sealed if this was its last user."""
+        segment, appender = self.segment, self.appender
+        assert segment is not None and appender is not None
+        self.segment = self.appender = None
+        try:
+            if not closing:
+                # No later flush() can reach these records: make them as
+                # durable now as flush() would.
+                appender.flush(self.writer_pk)
+            appender.close()
+            if closing:
+                try:
+                    segment.storage.mark_closed(self.writer_pk)
+                except StorageError as exc:
+                    # Every record is committed already; only the note is lost, and
+                    # the syncer then takes the writer for one that died.
+                    _log.warning("could not note that writer %r closed: %s", self.writer, exc)
+        finally:
+            segment.release()
 
     def abandon(self) -> None:
         """In a forked child: the handles are the parent's; let go without closing them."""
-        self.appender.abandon()
-        self.segment.abandon()
+        if self.appender is not None and self.segment is not None:
+            self.appender.abandon()
+            self.segment.abandon()
 
 
 class Writer:
@@ -125,6 +144,10 @@ class Writer:
     - Processes: picklable (its settings travel, never its connection) and
       fork-safe (a child never uses the parent's connection; it opens its own
       on first use). Safe to share between threads of one process.
+    - Idle writers: on a directory buffer, once the writer's shard reaches
+      the rotation age with nothing logged since, walbuf's expiry thread
+      closes its connection and releases the shard, so a sync can seal and
+      send it; the next log() opens a new one (see walbuf.expiry).
 
     Settings: see :meth:`walbuf.settings.WriterSettings.resolve`.
     """
@@ -190,6 +213,7 @@ class Writer:
         except BaseException:
             segment.release()
             raise
+        self._let_go_when_expired(segment)
         return _Open(os.getpid(), segment, appender, owner, writer, step_axis, prefix, writer_pk, last_step)
 
     def _register(self, storage: Storage, writer: str, step_axis: str, prefix: str) -> tuple[int, int | None]:
@@ -197,8 +221,14 @@ class Writer:
             self.settings.run, writer, step_axis, prefix, socket.gethostname(), os.getpid(), self.settings.target
         )
 
+    def _segment(self, state: _Open, now: float) -> Storage:
+        """The storage of the current segment at time ``now``: a new one if it expired or was let go while idle."""
+        if state.segment is None or now >= state.segment.expires:
+            self._rotate(state)
+        return state.storage
+
     def _rotate(self, state: _Open) -> None:
-        """Move to a new segment, so that the expired one can be sealed."""
+        """Move to a new segment, so that the expired one (if any is still open) can be sealed."""
         segment = self.settings.buffer.open_segment(self.settings.durability)
         try:
             appender = segment.storage.appender()
@@ -210,10 +240,32 @@ class Writer:
         except BaseException:
             segment.release()
             raise
-        state.appender.close()
-        state.segment.release()
+        if state.appender is not None and state.segment is not None:
+            state.appender.close()
+            state.segment.release()
         state.segment, state.appender, state.writer_pk = segment, appender, writer_pk
         state.claimed, state.axis_claimed = set(), False  # the new segment's database holds none of them yet
+        self._let_go_when_expired(segment)
+
+    def _let_go_when_expired(self, segment: Segment) -> None:
+        """Have the expiry thread let go of ``segment`` once it expires, if no log() moved on from it by then."""
+        if segment.expires != float("inf"):
+            expiry.call_at(segment.expires, functools.partial(self._let_go_if_idle, segment))
+
+    def _let_go_if_idle(self, segment: Segment) -> None:
+        """In the expiry thread: close ``segment`` if it is still the current one (nothing was logged since it expired)."""
+        with self._lock:
+            state = self._open
+            if self._closed or state is None or state.pid != os.getpid() or state.segment is not segment:
+                return
+            try:
+                state.let_go()
+            except StorageError as exc:
+                # Its records are committed; the shard stays live until a sync
+                # finds it unused, and the next log() opens a new one.
+                _log.warning("writer %r could not let go of its shard cleanly: %s", state.writer, exc)
+                return
+            _log.info("writer %r logged nothing for the rotation age: it let go of its shard", state.writer)
 
     def _own(self, storage: Storage, appender: Appender, writer: str) -> Lock:
         run, wait = self.settings.run, self.settings.wait
@@ -287,8 +339,8 @@ class Writer:
             else:
                 step = _checked_step(step, last, state.writer)
             now = time.time()
-            if now >= state.segment.expires:
-                self._rotate(state)
+            self._segment(state, now)
+            assert state.appender is not None
             if not state.axis_claimed or not state.claimed.issuperset(flat):
                 state.claim(flat)
             state.appender.append((state.writer_pk, step, now, payload))
@@ -321,7 +373,7 @@ class Writer:
         encoded = encode_config(values, kind)
         with self._lock:
             self._check_open(state)
-            state.storage.add_config(state.writer_pk, encoded, kind)
+            self._segment(state, time.time()).add_config(state.writer_pk, encoded, kind)
 
     def _check_open(self, state: _Open) -> None:
         if self._closed:
@@ -340,7 +392,8 @@ class Writer:
         """
         state = self._opened_here()
         with self._lock:
-            if not self._closed:
+            # A segment let go while idle was flushed then (see _Open.let_go).
+            if not self._closed and state.appender is not None:
                 state.appender.flush(state.writer_pk)
 
     def close(self) -> None:
@@ -357,6 +410,13 @@ class Writer:
             if state is None or state.pid != os.getpid():
                 return  # another process's handles (fork), or never opened here (unpickled)
             atexit.unregister(self.close)
+            if state.segment is None:
+                # Let go while idle: the note that the writer closed goes into a
+                # new segment, or the syncer would take the writer for dead.
+                try:
+                    self._rotate(state)
+                except StorageError as exc:
+                    _log.warning("could not note that writer %r closed: %s", state.writer, exc)
             state.close()
 
     @property

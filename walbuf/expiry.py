@@ -1,0 +1,87 @@
+"""The expiry thread: lets go of a directory buffer's shard once its time is up, even if nobody logs.
+
+A writer moves to a new shard at its first log() after the rotation age; a
+writer that goes quiet (an evaluation process between evaluations, a pool
+worker between tasks) would hold its shard, and so its records, until it
+logs again. So each process has one daemon thread that runs the actions
+scheduled with :func:`call_at` when their time comes: a writer closes its
+shard connection and releases its lease there (see walbuf.writer), and the
+shard is sealed if no other process uses it.
+
+Fork safety. The thread does I/O (SQLite, file locks) at moments the
+program does not choose, and a child forked while it is inside SQLite
+would inherit SQLite's internal state half-changed. So an action runs
+while it holds ``_busy``, and os.fork() takes ``_busy`` before it forks
+(os.register_at_fork): a fork waits for the action under way to end. Then
+the locks the child inherits are released, and the child has no expiry
+thread and no scheduled actions (they were the parent's) until its own
+writers schedule some.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+
+_log = logging.getLogger(__name__)
+
+_busy = threading.Lock()  # held while an action runs, and by os.fork() around a fork
+_changed = threading.Condition(threading.Lock())
+_queue: list[tuple[float, int, Callable[[], None]]] = []  # (wall-clock time, order, action), a heap
+_order = itertools.count()
+_thread: threading.Thread | None = None
+
+
+def call_at(when: float, action: Callable[[], None]) -> None:
+    """Run ``action`` in this process's expiry thread once the wall-clock time ``when`` has passed.
+
+    The action must be quick, catch the errors it expects (it runs where no
+    caller can handle them: an exception is a bug, reported by the thread's
+    excepthook, and the thread is started again by the next call_at), and
+    check when it runs that what it lets go of is still unused.
+    """
+    global _thread
+    with _changed:
+        heapq.heappush(_queue, (when, next(_order), action))
+        if _thread is None or not _thread.is_alive():
+            _thread = threading.Thread(target=_run, name="walbuf-expiry", daemon=True)
+            _thread.start()
+        _changed.notify()
+
+
+def _run() -> None:
+    while True:
+        with _changed:
+            while not _queue or _queue[0][0] > time.time():
+                _changed.wait(None if not _queue else _queue[0][0] - time.time())
+            _, _, action = heapq.heappop(_queue)
+        with _busy:
+            action()
+
+
+def _before_fork() -> None:
+    if not _busy.acquire(blocking=False):
+        _log.debug("fork waits for walbuf's expiry thread to finish letting go of a shard")
+        _busy.acquire()
+    _changed.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    _changed.release()
+    _busy.release()
+
+
+def _after_fork_in_child() -> None:
+    # The child's own: the parent's thread, its actions and its waiters are not here.
+    global _thread, _busy, _changed
+    _queue.clear()
+    _thread = None
+    _busy, _changed = threading.Lock(), threading.Condition(threading.Lock())
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
