@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import logging
 import os
 import signal
 import sqlite3
@@ -23,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import walbuf
-from conftest import as_reader, rows_of, run_sync
+from conftest import as_reader, rows_of, run_sync, walbuf_says
 from walbuf import doctor, prune
 from walbuf.directory.layout import ENV_HOST, ENV_ROTATE
 from walbuf.directory.lease import in_use
@@ -353,30 +352,16 @@ def test_a_writer_that_stays_open_and_idle_lets_go_of_its_shard_and_a_sync_on_an
 def test_an_idle_writer_that_logs_again_continues_in_a_new_shard_and_its_close_is_noted(
     server, directory, monkeypatch
 ):
-    let_go = threading.Event()
-
-    class Watch(logging.Handler):
-        def emit(self, record):
-            if "let go of its shard" in record.getMessage():
-                let_go.set()
-
-    logger = logging.getLogger("walbuf.writer")
-    watch = Watch()
-    logger.addHandler(watch)
-    monkeypatch.setattr(logger, "level", logging.INFO)
-    try:
-        with on_host("c"):
-            monkeypatch.setenv(ENV_ROTATE, "1")
-            w = walbuf.Writer(directory, writer="rc", run="exp")
-            w.log({"i": 0})
-            (first,) = files(directory, "live")
-            assert let_go.wait(120), "the writer never let go of its shard"
-            assert files(directory, "sealed") == [f"c.{int(first[:-3])}.db"]  # it was the shard's last user
-            monkeypatch.delenv(ENV_ROTATE)
-            w.log({"i": 1})
-            w.close()
-    finally:
-        logger.removeHandler(watch)
+    with on_host("c"), walbuf_says("let go of its shard") as let_go:
+        monkeypatch.setenv(ENV_ROTATE, "1")
+        w = walbuf.Writer(directory, writer="rc", run="exp")
+        w.log({"i": 0})
+        (first,) = files(directory, "live")
+        assert let_go.wait(120), "the writer never let go of its shard"
+        assert files(directory, "sealed") == [f"c.{int(first[:-3])}.db"]  # it was the shard's last user
+        monkeypatch.delenv(ENV_ROTATE)
+        w.log({"i": 1})
+        w.close()
     assert sync_on(server, "login", directory).returncode == 0
     assert steps_of(the_run(server), "rc") == [0, 1]
     assert the_run(server).exit_code == 0  # its close was noted: not taken for dead

@@ -4,6 +4,7 @@ Public API::
 
     w = walbuf.init("runs/exp1.db", writer="eval-3", step_axis="eval_step", run="exp1")
     w.log({"eval/accuracy": 0.91})
+    w.log({"weights": walbuf.Histogram(layer.weight)})   # bins and counts, made now
     walbuf.log({...})                      # the writer walbuf.init made in this process
     @walbuf.logged("runs/exp1.db", writer="eval", step_axis="eval_step")
     def evaluate(checkpoint) -> dict: ...
@@ -19,6 +20,7 @@ Every function that takes a buffer takes a path, a URL, or a Buffer that
 
 from .buffer import Buffer, DatabaseBuffer, Location, open_buffer, read
 from .decorator import logged
+from .histogram import Histogram
 from .directory import DirectoryBuffer
 from .errors import (
     ArgumentTypeError,
@@ -32,6 +34,7 @@ from .errors import (
     KeyConflictError,
     MetricTypeError,
     MetricValueError,
+    MissingExtraError,
     NotABufferError,
     NoWriterError,
     SchemaOutdatedError,
@@ -72,6 +75,7 @@ __all__ = [
     "log",
     "logged",
     "Writer",
+    "Histogram",
     "WriterSettings",
     "Durability",
     "default_writer_id",
@@ -118,6 +122,7 @@ __all__ = [
     "SchemaOutdatedError",
     "MetricTypeError",
     "MetricValueError",
+    "MissingExtraError",
     "StepOrderError",
     "WriterConflictError",
     "TargetConflictError",

@@ -91,7 +91,8 @@ def _json_line(record: Record) -> str:
     }
     if record.quarantined is not None:
         line["quarantined"] = record.quarantined
-    return json.dumps(line, allow_nan=True)
+    # A histogram as stored and as W&B keeps it: {"_type": "histogram", ...}.
+    return json.dumps(line, allow_nan=True, default=lambda value: value.to_json())
 
 
 @main.command(epilog=EXIT_HELP)
@@ -104,7 +105,8 @@ def records(buffer: str, run: str | None, writer: str | None, limit: int | None,
     """Print the records in BUFFER as JSON lines, in the order they were logged.
 
     NaN and infinities are printed as NaN, Infinity, -Infinity (as Python's
-    json module reads them). A quarantined record (W&B refuses it for good,
+    json module reads them), a histogram as {"_type": "histogram", "values":
+    COUNTS, "bins": EDGES}. A quarantined record (W&B refuses it for good,
     so it is never sent) has a "quarantined" field with the reason.
     Reading changes nothing.
     """

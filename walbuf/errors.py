@@ -114,6 +114,10 @@ class NoWriterError(WalbufError):
     """walbuf.log() was called in a process where walbuf.init() was not."""
 
 
+class MissingExtraError(WalbufError, ImportError):
+    """A feature needs a package that is not installed; the message names the extra that brings it."""
+
+
 __all__ = [
     "WalbufError",
     "MetricTypeError",
@@ -138,4 +142,6 @@ __all__ = [
     "UploadError",
     "WriterClosedError",
     "NoWriterError",
+    "MissingExtraError",
 ]
+

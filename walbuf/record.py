@@ -3,7 +3,8 @@
 A record is (run, writer, step, time, metrics). Metric values are int, float,
 bool, str or None; numpy and torch scalars and 0-d arrays are converted to
 those (without importing numpy or torch: they are recognised by type name);
-nested mappings are flattened with "/". Anything else is refused with a
+a :class:`~walbuf.histogram.Histogram` is stored as its bins and counts (in
+W&B's JSON form for it); nested mappings are flattened with "/". Anything else is refused with a
 :class:`~walbuf.errors.MetricTypeError` naming the key, before anything is
 written.
 
@@ -21,9 +22,13 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 from .errors import MetricTypeError, MetricValueError
+from .histogram import Histogram, stored
 
-Value = Union[int, float, bool, str, None]
-"""A metric value as stored and read back."""
+Scalar = Union[int, float, bool, str, None]
+Value = Union[int, float, bool, str, None, Histogram]
+"""A metric value as read back."""
+Stored = Union[int, float, bool, str, None, dict[str, Any]]
+"""A metric value as stored (a histogram in its JSON form)."""
 
 _PRIMITIVE = frozenset({int, float, bool, str, type(None)})
 
@@ -56,7 +61,7 @@ def _scalar(value: Any) -> Any:
     return value
 
 
-def _convert(key: str, value: Any, what: str = "metric") -> Value:
+def _convert(key: str, value: Any, what: str = "metric") -> Scalar:
     kind = type(value)
     if kind is str:
         _check_text(key, value, what)
@@ -79,7 +84,8 @@ def _convert(key: str, value: Any, what: str = "metric") -> Value:
     raise MetricTypeError(
         f"metric {key!r} has a value of type {kind.__module__}.{kind.__qualname__}, "
         "which walbuf does not store; log an int, float, bool, str, None, a numpy or "
-        "torch scalar, or a dict of those (nothing was written)"
+        "torch scalar, a walbuf.Histogram (of a list, array or tensor), or a dict of those"
+        " (nothing was written)"
     )
 
 
@@ -106,7 +112,7 @@ _CHECKED_KEYS_MAX = 100_000
 _FAST_SCALARS = frozenset({int, float, bool, type(None)})
 
 
-def flatten(metrics: Any, reserved: str | None = None) -> dict[str, Value]:
+def flatten(metrics: Any, reserved: str | None = None) -> dict[str, Stored]:
     """Validate ``metrics`` and return them flattened, nested keys joined with "/".
 
     ``reserved`` is a key the caller may not use (the writer's step axis).
@@ -120,7 +126,7 @@ def flatten(metrics: Any, reserved: str | None = None) -> dict[str, Value]:
             f"metrics must be a dict of name -> value, not {type(metrics).__qualname__}"
             " (nothing was written)"
         )
-    flat: dict[str, Value] = {}
+    flat: dict[str, Stored] = {}
     _flatten_into(flat, "", metrics, 1)
     if reserved is not None and reserved in flat:
         raise MetricValueError(
@@ -144,7 +150,7 @@ def check_line(payload: str, keys: int, prefix: str) -> None:
         )
 
 
-def _flatten_into(flat: dict[str, Value], prefix: str, metrics: Mapping[Any, Any], depth: int) -> None:
+def _flatten_into(flat: dict[str, Stored], prefix: str, metrics: Mapping[Any, Any], depth: int) -> None:
     for key, value in metrics.items():
         if (
             type(key) is str
@@ -169,6 +175,16 @@ def _flatten_into(flat: dict[str, Value], prefix: str, metrics: Mapping[Any, Any
                 f"metric {name!r} is a name W&B reserves for itself (it would overwrite"
                 " or drop it); rename it (nothing was written)"
             )
+        if isinstance(value, Histogram):
+            value = value.to_json()
+        if isinstance(value, Mapping) and (histogram := stored(name, value)) is not None:
+            if name in flat:
+                raise MetricValueError(
+                    f"metric {name!r} is given twice (once nested, once with '/' in its key)"
+                    " (nothing was written)"
+                )
+            flat[name] = histogram
+            continue
         if isinstance(value, Mapping):
             if depth >= MAX_DEPTH:
                 raise MetricValueError(
@@ -244,7 +260,16 @@ encode = json.JSONEncoder(separators=(",", ":"), allow_nan=True).encode
 """Serialise flattened metrics for storage (JSON; NaN and +-inf kept)."""
 
 decode = json.JSONDecoder().decode
-"""Inverse of :func:`encode`."""
+"""Inverse of :func:`encode` (a histogram comes back in its stored form, a dict)."""
+
+
+def read_metrics(text: str) -> dict[str, Value]:
+    """A stored record's metrics as the read API gives them: histograms as :class:`Histogram`."""
+    values = decode(text)
+    for key, value in values.items():
+        if type(value) is dict:
+            values[key] = Histogram.from_counts(value["values"], value["bins"])
+    return values
 
 
 def encode_config(values: Any, what: str = "config") -> dict[str, str]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BufferNotFoundError, NotABufferError, StorageError
-from ..record import Record, decode
+from ..record import Record, read_metrics
 from ..store import Access, Durability, Storage
 from ..store.backend import Lock
 from ..store.sqlite import SQLiteBackend
@@ -116,7 +116,7 @@ class DirectoryBuffer:
                         for _, w, step, wall_time, metrics in chunk:
                             owner = found[w]
                             if run in (None, owner.run) and writer in (None, owner.name):
-                                yield Record(owner.run, owner.name, step, wall_time, decode(metrics))
+                                yield Record(owner.run, owner.name, step, wall_time, read_metrics(metrics))
         finally:
             if hub is not None:
                 hub.close()

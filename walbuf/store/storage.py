@@ -25,7 +25,7 @@ from ..errors import (
     SchemaOutdatedError,
     WriterConflictError,
 )
-from ..record import Record, decode
+from ..record import Record, read_metrics
 from .backend import DURABILITY_LEVELS, Access, Appender, Backend, Durability, Lock
 from .schema import (
     HEAD_REVISION,
@@ -354,4 +354,4 @@ class Storage:
             query = query.where(writers.c.name == writer)
         with self.begin_read() as conn:
             for row in conn.execution_options(yield_per=1000).execute(query):
-                yield Record(row[0], row[1], row[2], row[3], decode(row[4]), row[5])
+                yield Record(row[0], row[1], row[2], row[3], read_metrics(row[4]), row[5])

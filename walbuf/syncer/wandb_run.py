@@ -126,12 +126,12 @@ class WandbRun:
 
     def update_summary(self, summary: dict[str, Any]) -> None:
         """Set the run's summary (after the rows: a row would replace a key it also holds)."""
-        self._run.summary.update(summary)
+        self._run.summary.update(_media(summary))
 
     def log(self, row: dict[str, Any], step: int | None = None) -> None:
-        """Send one history row; RowRefused if wandb refuses its data."""
+        """Send one history row (histograms in their stored form); RowRefused if wandb refuses its data."""
         try:
-            self._run.log(row, step=step)
+            self._run.log(_media(row), step=step)
         except (ValueError, TypeError) as exc:
             raise RowRefused(f"wandb refused the row: {_describe(exc)}") from exc
 
@@ -207,6 +207,18 @@ def _own_service_only() -> None:
     parts = token.split("-")
     if len(parts) < 2 or parts[1] != str(os.getpid()):
         del os.environ["WANDB_SERVICE"]
+
+
+def _media(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with each histogram in its stored form (a dict) made a wandb.Histogram of the same bins and counts."""
+    if not any(type(v) is dict for v in values.values()):
+        return values  # the common case: scalars only
+    import wandb
+
+    return {
+        key: wandb.Histogram(np_histogram=(value["values"], value["bins"])) if type(value) is dict else value
+        for key, value in values.items()
+    }
 
 
 def _escape(key: str) -> str:
