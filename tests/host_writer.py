@@ -2,7 +2,8 @@
 
 Usage: host_writer.py BUFFER WRITER N close|stay
 
-The host is $WALBUF_HOST. Prints "logged N" once every record is committed;
+The host is $WALBUF_HOST. Prints "logged N" once every record is committed
+(on stdout and on stderr);
 with "stay" it then keeps the writer open, idle, until its stdin closes (or
 it is killed). walbuf's log goes to stderr (its writer says there when it
 lets go of its shard while idle).
@@ -20,6 +21,7 @@ w = walbuf.Writer(buffer, writer=writer, run="exp")
 for i in range(n):
     w.log({"i": i})
 print(f"logged {n}", flush=True)
+print(f"logged {n}", file=sys.stderr, flush=True)  # what walbuf logs after this comes after it there
 if then == "stay":
     sys.stdin.read()
 w.close()
