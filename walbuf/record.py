@@ -177,15 +177,8 @@ def _flatten_into(flat: dict[str, Stored], prefix: str, metrics: Mapping[Any, An
             )
         if isinstance(value, Histogram):
             value = value.to_json()
-        if isinstance(value, Mapping) and (histogram := stored(name, value)) is not None:
-            if name in flat:
-                raise MetricValueError(
-                    f"metric {name!r} is given twice (once nested, once with '/' in its key)"
-                    " (nothing was written)"
-                )
-            flat[name] = histogram
-            continue
-        if isinstance(value, Mapping):
+        histogram = stored(name, value) if isinstance(value, Mapping) else None
+        if isinstance(value, Mapping) and histogram is None:
             if depth >= MAX_DEPTH:
                 raise MetricValueError(
                     f"metric {name!r} holds dicts nested more than {MAX_DEPTH} deep; flatten them"
@@ -198,7 +191,7 @@ def _flatten_into(flat: dict[str, Stored], prefix: str, metrics: Mapping[Any, An
                 f"metric {name!r} is given twice (once nested, once with '/' in its key)"
                 " (nothing was written)"
             )
-        flat[name] = _convert(name, value)
+        flat[name] = histogram if histogram is not None else _convert(name, value)
 
 
 def _check_key(prefix: str, key: str, what: str, *, star: bool = False) -> None:

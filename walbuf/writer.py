@@ -96,22 +96,25 @@ class _Open:
     def close(self) -> None:
         try:
             if self.segment is not None:
-                self.let_go(closing=True)
+                self.let_go(note_closed=True)
         finally:
             self.owner.release()
 
-    def let_go(self, closing: bool = False) -> None:
-        """Close the segment (noting that the writer closed, if ``closing``); a shard is sealed if this was its last user."""
+    def let_go(self, *, flush: bool = False, note_closed: bool = False) -> None:
+        """Close the segment; a shard is sealed if this was its last user.
+
+        ``flush``: first make its records as durable as flush() would (no
+        later flush() reaches them). ``note_closed``: note in it that the
+        writer closed.
+        """
         segment, appender = self.segment, self.appender
         assert segment is not None and appender is not None
         self.segment = self.appender = None
         try:
-            if not closing:
-                # No later flush() can reach these records: make them as
-                # durable now as flush() would.
+            if flush:
                 appender.flush(self.writer_pk)
             appender.close()
-            if closing:
+            if note_closed:
                 try:
                     segment.storage.mark_closed(self.writer_pk)
                 except StorageError as exc:
@@ -240,9 +243,8 @@ class Writer:
         except BaseException:
             segment.release()
             raise
-        if state.appender is not None and state.segment is not None:
-            state.appender.close()
-            state.segment.release()
+        if state.segment is not None:
+            state.let_go()
         state.segment, state.appender, state.writer_pk = segment, appender, writer_pk
         state.claimed, state.axis_claimed = set(), False  # the new segment's database holds none of them yet
         self._let_go_when_expired(segment)
@@ -259,7 +261,7 @@ class Writer:
             if self._closed or state is None or state.pid != os.getpid() or state.segment is not segment:
                 return
             try:
-                state.let_go()
+                state.let_go(flush=True)  # idle: no flush() may come
             except StorageError as exc:
                 # Its records are committed; the shard stays live until a sync
                 # finds it unused, and the next log() opens a new one.
