@@ -21,6 +21,7 @@ Every function that takes a buffer takes a path, a URL, or a Buffer that
 from .buffer import Buffer, DatabaseBuffer, Location, open_buffer, read
 from .decorator import logged
 from .histogram import Histogram
+from .image import Image
 from .directory import DirectoryBuffer
 from .errors import (
     ArgumentTypeError,
@@ -76,6 +77,7 @@ __all__ = [
     "logged",
     "Writer",
     "Histogram",
+    "Image",
     "WriterSettings",
     "Durability",
     "default_writer_id",

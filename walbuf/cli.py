@@ -91,7 +91,7 @@ def _json_line(record: Record) -> str:
     }
     if record.quarantined is not None:
         line["quarantined"] = record.quarantined
-    # A histogram as stored and as W&B keeps it: {"_type": "histogram", ...}.
+    # A histogram as stored and as W&B keeps it: {"_type": "histogram", ...}; an image as stored.
     return json.dumps(line, allow_nan=True, default=lambda value: value.to_json())
 
 
@@ -106,7 +106,8 @@ def records(buffer: str, run: str | None, writer: str | None, limit: int | None,
 
     NaN and infinities are printed as NaN, Infinity, -Infinity (as Python's
     json module reads them), a histogram as {"_type": "histogram", "values":
-    COUNTS, "bins": EDGES}. A quarantined record (W&B refuses it for good,
+    COUNTS, "bins": EDGES}, an image as {"_type": "walbuf-image", "png":
+    BASE64, "width": W, "height": H, "caption": TEXT}. A quarantined record (W&B refuses it for good,
     so it is never sent) has a "quarantined" field with the reason.
     Reading changes nothing.
     """

@@ -4,7 +4,7 @@ A record is (run, writer, step, time, metrics). Metric values are int, float,
 bool, str or None; numpy and torch scalars and 0-d arrays are converted to
 those (without importing numpy or torch: they are recognised by type name);
 a :class:`~walbuf.histogram.Histogram` is stored as its bins and counts (in
-W&B's JSON form for it); nested mappings are flattened with "/". Anything else is refused with a
+W&B's JSON form for it), a :class:`~walbuf.image.Image` as its PNG (base64); nested mappings are flattened with "/". Anything else is refused with a
 :class:`~walbuf.errors.MetricTypeError` naming the key, before anything is
 written.
 
@@ -22,13 +22,17 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 from .errors import MetricTypeError, MetricValueError
-from .histogram import Histogram, stored
+from .histogram import Histogram
+from .histogram import stored as stored_histogram
+from .image import TYPE as IMAGE
+from .image import Image
+from .image import stored as stored_image
 
 Scalar = Union[int, float, bool, str, None]
-Value = Union[int, float, bool, str, None, Histogram]
+Value = Union[int, float, bool, str, None, Histogram, Image]
 """A metric value as read back."""
 Stored = Union[int, float, bool, str, None, dict[str, Any]]
-"""A metric value as stored (a histogram in its JSON form)."""
+"""A metric value as stored (a histogram or an image in its JSON form)."""
 
 _PRIMITIVE = frozenset({int, float, bool, str, type(None)})
 
@@ -84,7 +88,7 @@ def _convert(key: str, value: Any, what: str = "metric") -> Scalar:
     raise MetricTypeError(
         f"metric {key!r} has a value of type {kind.__module__}.{kind.__qualname__}, "
         "which walbuf does not store; log an int, float, bool, str, None, a numpy or "
-        "torch scalar, a walbuf.Histogram (of a list, array or tensor), or a dict of those"
+        "torch scalar, a walbuf.Histogram (of a list, array or tensor), a walbuf.Image, or a dict of those"
         " (nothing was written)"
     )
 
@@ -99,6 +103,8 @@ MAX_LINE_BYTES = (10 << 20) - (100 << 10)
 filestream.go, defaultMaxFileLineBytes; updatehistory.go)."""
 LINE_OVERHEAD = 1024
 """Room in a history line for what the syncer adds: the step axis, _timestamp, _runtime, _step."""
+MAX_IMAGES_BYTES = 32 << 20
+"""The images of one record, as stored: walbuf's own limit (each is at most image.MAX_PNG_BYTES)."""
 MAX_DEPTH = 32
 """Nesting of a metrics dict: deeper than any real use, far short of Python's recursion limit."""
 RESERVED_KEYS = frozenset({"_step", "_runtime", "_timestamp", "_wandb"})
@@ -136,18 +142,34 @@ def flatten(metrics: Any, reserved: str | None = None) -> dict[str, Stored]:
     return flat
 
 
-def check_line(payload: str, keys: int, prefix: str) -> None:
-    """Raise MetricValueError if a record (``payload``, its JSON) would make a history line over W&B's limit.
+def check_line(payload: str, values: Mapping[str, Stored], prefix: str) -> None:
+    """Raise MetricValueError if a record (``values``, stored as ``payload``) would make a history line over W&B's limit.
 
-    ``prefix`` is what the syncer puts before each of the ``keys`` keys.
+    ``prefix`` is what the syncer puts before each key. An image counts as
+    the reference to its file that the history line holds; the images of
+    one record may take at most MAX_IMAGES_BYTES.
     """
-    size = len(payload) + keys * len(prefix) + LINE_OVERHEAD
+    size = len(payload) + len(values) * len(prefix) + LINE_OVERHEAD
+    if size <= MAX_LINE_BYTES:
+        return  # the common case: no need to look at the values
+    images = [value["png"] for value in values.values() if type(value) is dict and value["_type"] == IMAGE]
+    stored_images = sum(len(png) for png in images)
+    if stored_images > MAX_IMAGES_BYTES:
+        raise MetricValueError(
+            f"the record's images take {stored_images:,} bytes, over walbuf's limit of {MAX_IMAGES_BYTES:,}"
+            " for one record; log them in several calls (nothing was written)"
+        )
+    size -= stored_images - len(images) * IMAGE_REFERENCE
     if size > MAX_LINE_BYTES:
         raise MetricValueError(
             f"the record is {size:,} bytes as a W&B history line, over W&B's limit of"
             f" {MAX_LINE_BYTES:,} (wandb would drop it); log fewer or smaller values per"
             " call (nothing was written)"
         )
+
+
+IMAGE_REFERENCE = 512
+"""Bytes of a history line for one image: wandb's reference to its file (path, sha256, size, ...)."""
 
 
 def _flatten_into(flat: dict[str, Stored], prefix: str, metrics: Mapping[Any, Any], depth: int) -> None:
@@ -175,10 +197,10 @@ def _flatten_into(flat: dict[str, Stored], prefix: str, metrics: Mapping[Any, An
                 f"metric {name!r} is a name W&B reserves for itself (it would overwrite"
                 " or drop it); rename it (nothing was written)"
             )
-        if isinstance(value, Histogram):
+        if isinstance(value, (Histogram, Image)):
             value = value.to_json()
-        histogram = stored(name, value) if isinstance(value, Mapping) else None
-        if isinstance(value, Mapping) and histogram is None:
+        leaf = (stored_histogram(name, value) or stored_image(name, value)) if isinstance(value, Mapping) else None
+        if isinstance(value, Mapping) and leaf is None:
             if depth >= MAX_DEPTH:
                 raise MetricValueError(
                     f"metric {name!r} holds dicts nested more than {MAX_DEPTH} deep; flatten them"
@@ -191,7 +213,7 @@ def _flatten_into(flat: dict[str, Stored], prefix: str, metrics: Mapping[Any, An
                 f"metric {name!r} is given twice (once nested, once with '/' in its key)"
                 " (nothing was written)"
             )
-        flat[name] = histogram if histogram is not None else _convert(name, value)
+        flat[name] = leaf if leaf is not None else _convert(name, value)
 
 
 def _check_key(prefix: str, key: str, what: str, *, star: bool = False) -> None:
@@ -253,15 +275,19 @@ encode = json.JSONEncoder(separators=(",", ":"), allow_nan=True).encode
 """Serialise flattened metrics for storage (JSON; NaN and +-inf kept)."""
 
 decode = json.JSONDecoder().decode
-"""Inverse of :func:`encode` (a histogram comes back in its stored form, a dict)."""
+"""Inverse of :func:`encode` (a histogram or an image comes back in its stored form, a dict)."""
 
 
 def read_metrics(text: str) -> dict[str, Value]:
-    """A stored record's metrics as the read API gives them: histograms as :class:`Histogram`."""
+    """A stored record's metrics as the read API gives them: histograms and images as :class:`Histogram` and :class:`Image`."""
     values = decode(text)
     for key, value in values.items():
         if type(value) is dict:
-            values[key] = Histogram.from_counts(value["values"], value["bins"])
+            values[key] = (
+                Image.from_json(value)
+                if value["_type"] == IMAGE
+                else Histogram.from_counts(value["values"], value["bins"])
+            )
     return values
 
 

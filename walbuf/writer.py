@@ -332,7 +332,7 @@ class Writer:
         state = self._opened_here()
         flat = flatten(metrics, state.step_axis)
         payload = encode(flat)
-        check_line(payload, len(flat), state.prefix + "/")
+        check_line(payload, flat, state.prefix + "/")
         with self._lock:
             self._check_open(state)
             last = state.last_step

@@ -25,7 +25,7 @@ from ..errors import (
     StorageError,
     TargetRefusedError,
 )
-from ..record import Value, check_line, decode, encode_config, flatten
+from ..record import Stored, check_line, decode, encode_config, flatten
 from ..store import Storage
 from ..store.schema import config_entries, quarantine, records, runs, syncs, writers
 from ..store.target import set_target
@@ -195,10 +195,12 @@ class _Replay:
             row[writer.axis] = step
             # W&B's wall-clock axis shows when the record was logged, not synced.
             row["_timestamp"] = wall_time
-            wandb_run.log(row, step=self.offline_step + self.sent if self.mode == "offline" else None)
+            images = wandb_run.log(row, step=self.offline_step + self.sent if self.mode == "offline" else None)
         except RowRefused as exc:
             return str(exc)
         self.metrics.sent.update(row)
+        if images:
+            self.metrics.sent.update(images)  # the summary refers to the files uploaded, not the PNGs again
         self.sent += 1
         self.counts[writer.name] = self.counts.get(writer.name, 0) + 1
         return None
@@ -209,7 +211,7 @@ class _Replay:
         self.unreported = 0
 
 
-def _breaks_the_rules(values: dict[str, Value], metrics: str, writer: PlanWriter) -> str | None:
+def _breaks_the_rules(values: dict[str, Stored], metrics: str, writer: PlanWriter) -> str | None:
     """Why W&B would refuse a stored record for good (what log() refuses today), or None.
 
     A buffer may hold records an older walbuf let in: they are checked
@@ -217,7 +219,7 @@ def _breaks_the_rules(values: dict[str, Value], metrics: str, writer: PlanWriter
     """
     try:
         flatten(values, writer.step_axis)
-        check_line(metrics, len(values), writer.prefix + "/")
+        check_line(metrics, values, writer.prefix + "/")
     except (MetricTypeError, MetricValueError) as exc:
         return str(exc).replace(" (nothing was written)", "")
     return None

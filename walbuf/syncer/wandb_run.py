@@ -21,6 +21,8 @@ Anything else wandb raises is a bug, here or in wandb, and is not caught.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import re
@@ -28,7 +30,10 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, TargetRefusedError, UploadError, WalbufError
+from ..errors import ConfigError, MetricValueError, MissingExtraError, TargetRefusedError, UploadError, WalbufError
+from ..histogram import TYPE as HISTOGRAM
+from ..image import TYPE as IMAGE
+from ..image import png_of
 from ..store import Target
 from .results import SyncMode
 
@@ -76,6 +81,7 @@ class WandbRun:
             **_retry_settings(),
         )
         directory.mkdir(parents=True, exist_ok=True)
+        self._images = directory / "walbuf-images"  # each image's PNG, until wandb has copied it
         try:
             self._run = wandb.init(
                 id=target.wandb_id,
@@ -125,15 +131,55 @@ class WandbRun:
             raise RowRefused(f"wandb refused to declare metric {key!r}: {_describe(exc)}") from exc
 
     def update_summary(self, summary: dict[str, Any]) -> None:
-        """Set the run's summary (after the rows: a row would replace a key it also holds)."""
-        self._run.summary.update(_media(summary))
+        """Set the run's summary (after the rows: a row would replace a key it also holds).
 
-    def log(self, row: dict[str, Any], step: int | None = None) -> None:
-        """Send one history row (histograms in their stored form); RowRefused if wandb refuses its data."""
+        Histograms in their stored form are sent as wandb.Histogram; an
+        image's reference as W&B keeps it (what :meth:`log` returned) as it is.
+        """
+        self._run.summary.update(_histograms(summary))
+
+    def log(self, row: dict[str, Any], step: int | None = None) -> dict[str, Any]:
+        """Send one history row (histograms and images in their stored form); RowRefused if wandb refuses its data.
+
+        Returns the row's images as W&B holds them in the row: key -> the
+        reference to the image's file, which wandb uploads with the run.
+        """
+        images: dict[str, Any] = {}
+        files: list[Path] = []
+        if any(type(v) is dict for v in row.values()):  # a histogram or an image: most rows hold neither
+            row = _histograms(row)
+            images = self._wandb_images(row, files)
         try:
-            self._run.log(_media(row), step=step)
+            self._run.log({**row, **images}, step=step)
         except (ValueError, TypeError) as exc:
             raise RowRefused(f"wandb refused the row: {_describe(exc)}") from exc
+        finally:
+            for file in files:
+                file.unlink(missing_ok=True)
+        # wandb copied each file into its run folder while logging (Media.bind_to_run).
+        return {key: image.to_json(self._run) for key, image in images.items()}
+
+    def _wandb_images(self, row: dict[str, Any], files: list[Path]) -> dict[str, Any]:
+        """The stored images of ``row`` as wandb.Image objects of files in the working folder (added to ``files``)."""
+        import wandb
+
+        pil = _pillow()
+        images = {}
+        for key, value in row.items():
+            if type(value) is not dict or value.get("_type") != IMAGE:
+                continue
+            try:
+                png = png_of(value)
+                with pil.open(io.BytesIO(png)) as decoded:  # in memory: what fails is the data
+                    decoded.load()
+            except (MetricValueError, OSError, SyntaxError, ValueError, pil.DecompressionBombError) as exc:
+                raise RowRefused(f"image {key!r} cannot be read: {_describe(exc)}") from exc
+            self._images.mkdir(exist_ok=True)
+            path = self._images / f"{hashlib.sha256(png).hexdigest()}.png"
+            files.append(path)
+            path.write_bytes(png)
+            images[key] = wandb.Image(str(path), caption=value["caption"])
+        return images
 
     def finish(self, exit_code: int | None = None) -> None:
         """End the upload; raise UploadError or ConfigError unless wandb confirms everything was uploaded.
@@ -209,16 +255,28 @@ def _own_service_only() -> None:
         del os.environ["WANDB_SERVICE"]
 
 
-def _media(values: dict[str, Any]) -> dict[str, Any]:
+def _histograms(values: dict[str, Any]) -> dict[str, Any]:
     """``values`` with each histogram in its stored form (a dict) made a wandb.Histogram of the same bins and counts."""
-    if not any(type(v) is dict for v in values.values()):
+    if not any(type(v) is dict and v.get("_type") == HISTOGRAM for v in values.values()):
         return values  # the common case: scalars only
     import wandb
 
     return {
-        key: wandb.Histogram(np_histogram=(value["values"], value["bins"])) if type(value) is dict else value
+        key: wandb.Histogram(np_histogram=(value["values"], value["bins"]))
+        if type(value) is dict and value.get("_type") == HISTOGRAM
+        else value
         for key, value in values.items()
     }
+
+
+def _pillow() -> Any:
+    try:
+        import PIL.Image
+    except ImportError:
+        raise MissingExtraError(
+            "the run has images, and sending them needs Pillow: pip install 'walbuf[media]' where walbuf sync runs"
+        ) from None
+    return PIL.Image
 
 
 def _escape(key: str) -> str:
