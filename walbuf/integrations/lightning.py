@@ -26,8 +26,7 @@ from pytorch_lightning.utilities import rank_zero_only
 from ..settings import WriterSettings
 from ..store import Durability
 from ..writer import Writer
-
-_PLAIN = (int, float, bool, str, type(None))
+from .values import plain_config, plain_metric
 
 
 class WalbufLogger(Logger):
@@ -105,7 +104,7 @@ class WalbufLogger(Logger):
         writer = self.experiment
         if writer is None:
             return
-        values = {k: _plain_metric(v) for k, v in metrics.items()}
+        values = {k: plain_metric(v) for k, v in metrics.items()}
         if step is not None and writer.last_step is not None and step < writer.last_step:
             step = writer.last_step  # Lightning may log epoch-end metrics for an earlier step
         writer.log(values, step=step)
@@ -115,7 +114,7 @@ class WalbufLogger(Logger):
         if writer is None:
             return
         params = _sanitize_callable_params(_convert_params(params))
-        writer.config({str(k): _plain_config(v) for k, v in params.items()})
+        writer.config({str(k): plain_config(v) for k, v in params.items()})
 
     def save(self) -> None:
         # Every record is committed already; nothing to write out.
@@ -139,23 +138,3 @@ class WalbufLogger(Logger):
 def _rank() -> int:
     # Lightning sets this in every process it starts (ddp, ddp_spawn), before the logger is used.
     return int(getattr(rank_zero_only, "rank", 0) or 0)
-
-
-def _plain_metric(value: Any) -> Any:
-    item = getattr(value, "item", None)
-    if not isinstance(value, _PLAIN) and callable(item) and getattr(value, "ndim", 0) == 0:
-        return item()  # a 0-d tensor: walbuf would convert it too, but this skips the type check
-    return value
-
-
-def _plain_config(value: Any) -> Any:
-    if isinstance(value, _PLAIN):
-        return value
-    if isinstance(value, Mapping):
-        return {str(k): _plain_config(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain_config(v) for v in value]
-    item = getattr(value, "item", None)
-    if callable(item) and getattr(value, "ndim", None) == 0:
-        return item()
-    return str(value)
