@@ -1,1 +1,1 @@
-"""Integrations with training frameworks; each needs its own extra (walbuf[lightning])."""
+"""Integrations with training frameworks; each needs its own extra (walbuf[lightning], [transformers], [accelerate])."""
