@@ -16,6 +16,9 @@ import numpy as np
 import PIL.Image
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 import walbuf
 from conftest import run_sync
@@ -40,6 +43,19 @@ def test_a_uint8_array_is_stored_as_a_png_of_the_same_pixels():
 @pytest.mark.parametrize("shape", [(4, 6), (4, 6, 1), (4, 6, 3), (4, 6, 4)])
 def test_grey_rgb_and_rgba_arrays_are_taken(shape):
     assert pixels(Image(np.full(shape, 9, dtype=np.uint8)).png).reshape(shape).tolist() == np.full(shape, 9).tolist()
+
+
+@given(
+    hnp.arrays(
+        np.uint8,
+        st.tuples(st.integers(1, 12), st.integers(1, 12), st.sampled_from([1, 3, 4])).map(
+            lambda s: s if s[2] != 1 else s[:2]
+        ),
+    )
+)
+def test_every_uint8_image_comes_back_from_its_png_pixel_for_pixel(array):
+    image = Image.from_json(Image(array).to_json())
+    assert (image.height, image.width) == array.shape[:2] and (pixels(image.png) == array).all()
 
 
 def test_floats_from_0_to_1_are_scaled_to_255():
@@ -200,3 +216,18 @@ import base64, sys, walbuf
 with walbuf.Writer(sys.argv[1], writer="w", run="exp") as w:
     w.log({"sample": walbuf.Image.from_png(base64.b64decode(sys.argv[2]))})
 """
+
+
+@pytest.mark.slow
+def test_an_image_synced_offline_is_in_the_run_directory_and_wandb_sync_uploads_it(server, buffer, tmp_path):
+    image = Image(np.full((3, 5), 7, dtype=np.uint8))
+    with walbuf.Writer(buffer, writer="w", run="r", run_id="offline1") as w:
+        w.log({"sample": image})
+    proc = run_sync(server, buffer, "--mode", "offline", "--dir", str(tmp_path / "out"), quiet=False)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["wandb"]  # no image file left behind
+    command = next(line for line in proc.stdout.splitlines() if "wandb sync" in line).split("with: ", 1)[1]
+    env = {k: v for k, v in {**os.environ, **server.env()}.items() if k != "WANDB_SERVICE"}
+    assert subprocess.run(command.split(), capture_output=True, text=True, env=env).returncode == 0
+    reference, uploaded = synced_image(server.run("offline1"), "w/sample")
+    assert uploaded == image.png

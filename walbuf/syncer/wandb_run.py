@@ -21,6 +21,7 @@ Anything else wandb raises is a bug, here or in wandb, and is not caught.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -189,6 +190,8 @@ class WandbRun:
         """
         import wandb
 
+        with contextlib.suppress(FileNotFoundError):
+            self._images.rmdir()  # empty: each image's file goes once wandb has copied it
         try:
             self._run.finish(exit_code=exit_code)
         except wandb.errors.Error as exc:
