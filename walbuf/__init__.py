@@ -5,6 +5,7 @@ Public API::
     w = walbuf.init("runs/exp1.db", writer="eval-3", step_axis="eval_step", run="exp1")
     w.log({"eval/accuracy": 0.91})
     w.log({"weights": walbuf.Histogram(layer.weight)})   # bins and counts, made now
+    w.log({"samples": walbuf.Image(array, caption="val")})   # PNG, kept in the record
     walbuf.log({...})                      # the writer walbuf.init made in this process
     @walbuf.logged("runs/exp1.db", writer="eval", step_axis="eval_step")
     def evaluate(checkpoint) -> dict: ...
