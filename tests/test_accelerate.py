@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,9 +28,14 @@ def torchrun(script: Path, *args: str, env: dict[str, str] | None = None) -> dic
         capture_output=True, text=True, timeout=600, env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    # The Trainer prints its logs as dicts on stdout too.
-    reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"process"')]
+    # Each report is one write() of a short line, so it is never split; but the
+    # Trainer prints on the same stdout, and another process's print may have
+    # written its text and not yet its newline: find the reports anywhere.
+    reports = [json.loads(found) for found in REPORT.findall(proc.stdout)]
     return {r["process"]: r["wandb_imported"] for r in reports}
+
+
+REPORT = re.compile(r'\{"process": "[^"]*", "wandb_imported": (?:true|false)\}')
 
 
 def the_run(server):
