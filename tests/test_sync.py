@@ -19,6 +19,7 @@ import pytest
 
 import walbuf
 from conftest import rows_of, run_sql, run_sync
+from walbuf.syncer.upload import READ_CHUNK
 
 pytestmark = [pytest.mark.backends("sqlite", "postgresql"), pytest.mark.slow]
 
@@ -230,6 +231,19 @@ def test_max_records_bounds_one_sync(server, buffer):
     fake_run = the_run(server, buffer)
     assert len(fake_run.history) == 10
     assert [s for s, _ in rows_of(fake_run, "rank-1")] == list(range(5))
+
+
+def test_records_past_one_read_chunk_arrive_once_in_order_across_a_records_bound(in_process, buffer):
+    n = READ_CHUNK + 600  # two read chunks; the bound cuts the second
+    with walbuf.Writer(buffer, writer="rank-0") as w0, walbuf.Writer(buffer, writer="rank-1") as w1:
+        for i in range(n):
+            (w0, w1)[i % 2].log({"i": i})
+    first = walbuf.sync(buffer, max_records=READ_CHUNK + 300)
+    assert first.records == READ_CHUNK + 300 and walbuf.status(buffer).runs[0].pending == 300
+    assert walbuf.sync(buffer).records == 300
+    fake_run = in_process.run(first.runs[0].target.wandb_id)
+    assert [m["i"] for _, m in rows_of(fake_run, "rank-0")] == list(range(0, n, 2))
+    assert [m["i"] for _, m in rows_of(fake_run, "rank-1")] == list(range(1, n, 2))
 
 
 def test_dry_run_sends_and_changes_nothing(server, buffer):

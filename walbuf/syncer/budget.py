@@ -41,6 +41,10 @@ class Budget:
             return True
         return self.deadline is not None and time.monotonic() >= self.deadline - self.reserve
 
+    def at_most(self, n: int) -> int:
+        """``n``, or the records left if fewer."""
+        return n if self.remaining is None else max(0, min(n, self.remaining))
+
     def take(self) -> None:
         """One record handled."""
         if self.remaining is not None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,7 +25,7 @@ from ..errors import (
     StorageError,
     TargetRefusedError,
 )
-from ..record import Stored, check_line, decode, encode_config, flatten
+from ..record import LINE_OVERHEAD, MAX_LINE_BYTES, Stored, check_line, decode, encode_config, flatten
 from ..store import Storage
 from ..store.schema import config_entries, quarantine, records, runs, syncs, writers
 from ..store.target import set_target
@@ -36,7 +36,9 @@ from .results import ConfigChange, Quarantined, RefusedSetting, RunSync, SyncMod
 from .wandb_run import RowRefused, WandbRun  # it imports wandb itself, when a run is opened
 
 READ_CHUNK = 2000  # records per read transaction: short snapshots let the WAL checkpoint
-PROGRESS_EVERY = 100  # records between calls of the progress callback
+_PLAIN = frozenset({int, float, bool, type(None)})  # values flatten() passes as they are, once their key is known
+_KNOWN_MAX = 10_000  # record shapes remembered per upload
+BATCH = 100  # records made ready at a time; the progress callback is called after each batch
 
 
 def upload(
@@ -155,6 +157,9 @@ class _Replay:
         self.sent = 0
         self.last_handled = plan.low  # the id of the last record sent or quarantined
         self.unreported = 0
+        # (writer id, a record's keys) -> (its row's keys, the longest such record that passes check_line),
+        # for records found fine that hold plain values only
+        self._known: dict[tuple[int, tuple[str, ...]], tuple[tuple[str, ...], int]] = {}
 
     def into(self, wandb_run: WandbRun, merged: dict[str, dict[str, object]]) -> None:
         """The metric definitions the run has (its config went with wandb.init), the records, the whole summary."""
@@ -162,39 +167,80 @@ class _Replay:
             # All of them, every time, before the first row: W&B keeps the
             # latest config's definitions (see walbuf.syncer.metrics).
             wandb_run.define_metric(name, step_metric)
-        for writer, record_id, step, wall_time, metrics in _pending(self.storage, self.plan):
-            if self.budget.spent():
+        after = self.plan.low
+        while not self.budget.spent():
+            chunk = _pending(self.storage, self.plan, after, self.budget.at_most(READ_CHUNK))
+            if not chunk:
                 break
-            problem = self._send(wandb_run, writer, step, wall_time, metrics)
+            for start in range(0, len(chunk), BATCH):
+                if not self._send_batch(wandb_run, chunk[start : start + BATCH]):
+                    break
+            after = chunk[-1][0]
+        summary = self.metrics.summary(merged["summary"])
+        if summary:
+            wandb_run.update_summary(summary)
+
+    def _send_batch(self, wandb_run: WandbRun, batch: Sequence[tuple[int, int, int, float, str]]) -> bool:
+        """Send (or quarantine) the records of ``batch`` in order, within the budget; whether they all were handled."""
+        # The batch's rows are all made ready before the first goes to wandb,
+        # so that the wandb.log calls come back to back: each one waits for
+        # wandb's own thread, and work done between two calls makes that wait
+        # longer (docs/performance.md).
+        ready = [self._prepare(*record) for record in batch]
+        for (record_id, writer_id, step, _, _), (row, needed, problem) in zip(batch, ready):
+            if self.budget.spent():
+                return False
+            writer = self.plan.writers[writer_id]
+            if problem is None:
+                problem = self._send(wandb_run, writer, row, needed)
             if problem is not None:
                 self.quarantined.append((record_id, Quarantined(writer.name, step, problem)))
             self.last_handled = record_id
             self.budget.take()
             self.unreported += 1
-            if self.unreported >= PROGRESS_EVERY:
-                self.report_progress()
-        summary = self.metrics.summary(merged["summary"])
-        if summary:
-            wandb_run.update_summary(summary)
+        self.report_progress()
+        return True
 
-    def _send(self, wandb_run: WandbRun, writer: PlanWriter, step: int, wall_time: float, metrics: str) -> str | None:
-        """Send one record as a history row; why W&B would refuse it for good, if it would (then nothing is sent)."""
+    def _prepare(
+        self, record_id: int, writer_id: int, step: int, wall_time: float, metrics: str
+    ) -> tuple[dict[str, object], list[tuple[str, str]], str | None]:
+        """One record as a history row, the definitions it newly needs, why W&B would refuse it for good (or None).
+
+        Claims its keys for its writer's axis (see walbuf.syncer.metrics).
+        """
+        writer = self.plan.writers[writer_id]
         values = decode(metrics)
-        problem = _breaks_the_rules(values, metrics, writer)
-        if problem is not None:
-            return problem
-        problem, needed = self.metrics.check(writer, values)
-        if problem is not None:
-            return problem
-        prefix = writer.key_prefix
+        needed: list[tuple[str, str]] = []
+        known = self._known.get((writer_id, tuple(values)))
+        if known is not None and len(metrics) <= known[1] and _PLAIN.issuperset(map(type, values.values())):
+            # The common case: the keys of a record of this writer found fine
+            # before, and plain values. Every check would pass as it did then.
+            row: dict[str, object] = dict(zip(known[0], values.values())) if writer.key_prefix else values
+        else:
+            problem = _breaks_the_rules(values, metrics, writer)
+            if problem is not None:
+                return {}, [], problem
+            problem, needed = self.metrics.check(writer, values)
+            if problem is not None:
+                return {}, [], problem
+            prefix = writer.key_prefix
+            # Without a prefix the decoded record (a dict of its own) is the row.
+            row = {prefix + key: value for key, value in values.items()} if prefix else values
+            if len(self._known) < _KNOWN_MAX and _PLAIN.issuperset(map(type, values.values())):
+                longest = MAX_LINE_BYTES - LINE_OVERHEAD - len(values) * len(writer.prefix + "/")  # check_line's bound
+                self._known[(writer_id, tuple(values))] = (tuple(row), longest)
+        row[writer.axis] = step
+        # W&B's wall-clock axis shows when the record was logged, not synced.
+        row["_timestamp"] = wall_time
+        return row, needed, None
+
+    def _send(
+        self, wandb_run: WandbRun, writer: PlanWriter, row: dict[str, object], needed: list[tuple[str, str]]
+    ) -> str | None:
+        """Send one prepared row; why wandb refused it, if it did (then nothing was sent)."""
         try:
             for name, step_metric in needed:
                 wandb_run.define_metric(name, step_metric)
-            # Without a prefix the decoded record (a dict of its own) is the row.
-            row: dict[str, object] = {prefix + key: value for key, value in values.items()} if prefix else values
-            row[writer.axis] = step
-            # W&B's wall-clock axis shows when the record was logged, not synced.
-            row["_timestamp"] = wall_time
             images = wandb_run.log(row, step=self.offline_step + self.sent if self.mode == "offline" else None)
         except RowRefused as exc:
             return str(exc)
@@ -245,23 +291,19 @@ def _refuse_target(storage: Storage, plan: Plan, message: str) -> None:
         conn.execute(runs.update().where(runs.c.id == plan.run_id).values(target_refused=message))
 
 
-def _pending(storage: Storage, plan: Plan) -> Iterator[tuple[PlanWriter, int, int, float, str]]:
-    """The plan's records in id order, read in short snapshots."""
-    after = plan.low
-    while True:
-        query = (
-            sa.select(records.c.id, records.c.writer_id, records.c.step, records.c.time, records.c.metrics)
-            .where(pending_filter(plan.writers, after, plan.high))
-            .order_by(records.c.id)
-            .limit(READ_CHUNK)
-        )
-        with storage.begin_read() as conn:
-            chunk = conn.execute(query).all()
-        if not chunk:
-            return
-        for record_id, writer_id, step, wall_time, metrics in chunk:
-            yield plan.writers[writer_id], record_id, step, wall_time, metrics
-        after = chunk[-1].id
+def _pending(storage: Storage, plan: Plan, after: int, limit: int) -> Sequence[tuple[int, int, int, float, str]]:
+    """The next ``limit`` records of the plan past id ``after``, in id order: (id, writer id, step, time, metrics).
+
+    Each chunk is read in a snapshot of its own: short snapshots let the WAL checkpoint.
+    """
+    query = (
+        sa.select(records.c.id, records.c.writer_id, records.c.step, records.c.time, records.c.metrics)
+        .where(pending_filter(plan.writers, after, plan.high))
+        .order_by(records.c.id)
+        .limit(limit)
+    )
+    with storage.begin_read() as conn:
+        return conn.execute(query).all()  # type: ignore[return-value]
 
 
 def _config(

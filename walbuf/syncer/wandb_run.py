@@ -39,6 +39,9 @@ from ..store import Target
 from .results import SyncMode
 
 
+FILE_STREAM_INTERVAL = 2.0  # seconds between wandb-core's history posts (whole seconds: wandb-core truncates)
+
+
 class WandbRun:
     """One upload into the W&B run ``target`` (the syncer's only view of wandb).
 
@@ -79,6 +82,12 @@ class WandbRun:
             disable_job_creation=True,
             silent=True,
             init_timeout=init_timeout,
+            # History goes out every 2 s, not every 15 s (wandb's default): with
+            # a long backlog, wandb-core's work per row grows with the rows
+            # waiting for the next post, and a sync outpaced it by seconds that
+            # run.finish() then waited (docs/performance.md). One post per 2 s is
+            # a quarter of W&B's default limit of 2 requests/s per run.
+            x_file_stream_transmit_interval=FILE_STREAM_INTERVAL,
             **_retry_settings(),
         )
         directory.mkdir(parents=True, exist_ok=True)
@@ -151,7 +160,7 @@ class WandbRun:
             row = _histograms(row)
             images = self._wandb_images(row, files)
         try:
-            self._run.log({**row, **images}, step=step)
+            self._run.log({**row, **images} if images else row, step=step)  # wandb.log copies the row
         except (ValueError, TypeError) as exc:
             raise RowRefused(f"wandb refused the row: {_describe(exc)}") from exc
         finally:
