@@ -196,6 +196,16 @@ def test_a_stored_image_pillow_cannot_read_is_quarantined_and_the_rest_arrive(in
     assert [row["w/loss"] for row in fake_run.history if "w/loss" in row] == [1.0, 0.5]
 
 
+def test_a_record_with_an_unreadable_image_leaves_no_file_of_its_readable_one(in_process, buffer, tmp_path):
+    readable = Image(np.full((3, 5), 7, dtype=np.uint8))
+    unreadable = Image.from_png(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x02\x00\x00\x00\x02" + b"x" * 40)
+    with walbuf.Writer(buffer, writer="w", run="r") as w:
+        w.log({"a": readable, "b": unreadable})
+    result = walbuf.sync(buffer, mode="offline", directory=tmp_path / "out")
+    assert len(result.runs[0].quarantined) == 1
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["wandb"]  # the working folder is gone
+
+
 @pytest.mark.slow
 def test_an_image_logged_into_a_directory_buffer_arrives_from_a_sync_on_another_host(server, tmp_path):
     directory = str(tmp_path / "buf") + "/"

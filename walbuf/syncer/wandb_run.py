@@ -2,8 +2,8 @@
 
 It opens one wandb run (shared mode online, wandb's offline mode otherwise)
 with settings for a headless uploader: no console capture, no system metrics,
-no code or git snapshot, bounded retries so that an unreachable server fails
-the sync instead of hanging it.
+no code or git snapshot, history posted every 2 s, bounded retries so that
+an unreachable server fails the sync instead of hanging it.
 
 wandb's failures are sorted by whether a retry can fix them:
 
@@ -86,7 +86,7 @@ class WandbRun:
             # a long backlog, wandb-core's work per row grows with the rows
             # waiting for the next post, and a sync outpaced it by seconds that
             # run.finish() then waited (docs/performance.md). One post per 2 s is
-            # a quarter of W&B's default limit of 2 requests/s per run.
+            # a quarter of W&B's default limit of 2 requests/s per run (W&B docs, rate limits).
             x_file_stream_transmit_interval=FILE_STREAM_INTERVAL,
             **_retry_settings(),
         )
@@ -154,20 +154,25 @@ class WandbRun:
         Returns the row's images as W&B holds them in the row: key -> the
         reference to the image's file, which wandb uploads with the run.
         """
-        images: dict[str, Any] = {}
+        if dict not in map(type, row.values()):  # the common case: no histogram, no image
+            self._log(row, step)
+            return {}
+        row = _histograms(row)
         files: list[Path] = []
-        if any(type(v) is dict for v in row.values()):  # a histogram or an image: most rows hold neither
-            row = _histograms(row)
-            images = self._wandb_images(row, files)
         try:
-            self._run.log({**row, **images} if images else row, step=step)  # wandb.log copies the row
-        except (ValueError, TypeError) as exc:
-            raise RowRefused(f"wandb refused the row: {_describe(exc)}") from exc
+            images = self._wandb_images(row, files)
+            self._log({**row, **images}, step)
         finally:
             for file in files:
                 file.unlink(missing_ok=True)
         # wandb copied each file into its run folder while logging (Media.bind_to_run).
         return {key: image.to_json(self._run) for key, image in images.items()}
+
+    def _log(self, row: dict[str, Any], step: int | None) -> None:
+        try:
+            self._run.log(row, step=step)  # wandb.log copies the row
+        except (ValueError, TypeError) as exc:
+            raise RowRefused(f"wandb refused the row: {_describe(exc)}") from exc
 
     def _wandb_images(self, row: dict[str, Any], files: list[Path]) -> dict[str, Any]:
         """The stored images of ``row`` as wandb.Image objects of files in the working folder (added to ``files``)."""
