@@ -115,7 +115,8 @@ CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f]")
 # Keys that passed _check_key in this process (metrics repeat their keys every step).
 _checked_keys: set[str] = set()
 _CHECKED_KEYS_MAX = 100_000
-_FAST_SCALARS = frozenset({int, float, bool, type(None)})
+PLAIN_TYPES = frozenset({int, float, bool, type(None)})
+"""The types of value flatten() stores as they are, with no check, once their key is known."""
 
 
 def flatten(metrics: Any, reserved: str | None = None) -> dict[str, Stored]:
@@ -142,6 +143,15 @@ def flatten(metrics: Any, reserved: str | None = None) -> dict[str, Stored]:
     return flat
 
 
+def fits_line(payload: str, values: Mapping[str, Stored], prefix: str) -> bool:
+    """Whether a record surely makes a history line within W&B's limit, counting every value as stored (see check_line)."""
+    return _line_size(payload, values, prefix) <= MAX_LINE_BYTES
+
+
+def _line_size(payload: str, values: Mapping[str, Stored], prefix: str) -> int:
+    return len(payload) + len(values) * len(prefix) + LINE_OVERHEAD
+
+
 def check_line(payload: str, values: Mapping[str, Stored], prefix: str) -> None:
     """Raise MetricValueError if a record (``values``, stored as ``payload``) would make a history line over W&B's limit.
 
@@ -149,9 +159,9 @@ def check_line(payload: str, values: Mapping[str, Stored], prefix: str) -> None:
     the reference to its file that the history line holds; the images of
     one record may take at most MAX_IMAGES_BYTES.
     """
-    size = len(payload) + len(values) * len(prefix) + LINE_OVERHEAD
-    if size <= MAX_LINE_BYTES:
+    if fits_line(payload, values, prefix):
         return  # the common case: no need to look at the values
+    size = _line_size(payload, values, prefix)
     images = [value["png"] for value in values.values() if type(value) is dict and value["_type"] == IMAGE]
     stored_images = sum(len(png) for png in images)
     if stored_images > MAX_IMAGES_BYTES:
@@ -177,7 +187,7 @@ def _flatten_into(flat: dict[str, Stored], prefix: str, metrics: Mapping[Any, An
         if (
             type(key) is str
             and key in _checked_keys
-            and type(value) in _FAST_SCALARS
+            and type(value) in PLAIN_TYPES
             and (prefix or key not in RESERVED_KEYS)
             and prefix + key not in flat
         ):

@@ -25,7 +25,7 @@ from ..errors import (
     StorageError,
     TargetRefusedError,
 )
-from ..record import LINE_OVERHEAD, MAX_LINE_BYTES, Stored, check_line, decode, encode_config, flatten
+from ..record import PLAIN_TYPES, Stored, check_line, decode, encode_config, fits_line, flatten
 from ..store import Storage
 from ..store.schema import config_entries, quarantine, records, runs, syncs, writers
 from ..store.target import set_target
@@ -36,7 +36,6 @@ from .results import ConfigChange, Quarantined, RefusedSetting, RunSync, SyncMod
 from .wandb_run import RowRefused, WandbRun  # it imports wandb itself, when a run is opened
 
 READ_CHUNK = 2000  # records per read transaction: short snapshots let the WAL checkpoint
-_PLAIN = frozenset({int, float, bool, type(None)})  # values flatten() passes as they are, once their key is known
 _KNOWN_MAX = 10_000  # record shapes remembered per upload
 BATCH = 100  # records made ready at a time; the progress callback is called after each batch
 
@@ -157,9 +156,8 @@ class _Replay:
         self.sent = 0
         self.last_handled = plan.low  # the id of the last record sent or quarantined
         self.unreported = 0
-        # (writer id, a record's keys) -> (its row's keys, the longest such record that passes check_line),
-        # for records found fine that hold plain values only
-        self._known: dict[tuple[int, tuple[str, ...]], tuple[tuple[str, ...], int]] = {}
+        # (writer id, a record's keys) -> its row's keys, for records found fine that hold plain values only
+        self._known: dict[tuple[int, tuple[str, ...]], tuple[str, ...]] = {}
 
     def into(self, wandb_run: WandbRun, merged: dict[str, dict[str, object]]) -> None:
         """The metric definitions the run has (its config went with wandb.init), the records, the whole summary."""
@@ -211,11 +209,13 @@ class _Replay:
         writer = self.plan.writers[writer_id]
         values = decode(metrics)
         needed: list[tuple[str, str]] = []
-        known = self._known.get((writer_id, tuple(values)))
-        if known is not None and len(metrics) <= known[1] and _PLAIN.issuperset(map(type, values.values())):
+        shape = (writer_id, tuple(values))
+        plain = PLAIN_TYPES.issuperset(map(type, values.values()))
+        known = self._known.get(shape)
+        if known is not None and plain and fits_line(metrics, values, writer.prefix + "/"):
             # The common case: the keys of a record of this writer found fine
             # before, and plain values. Every check would pass as it did then.
-            row: dict[str, object] = dict(zip(known[0], values.values())) if writer.key_prefix else values
+            row: dict[str, object] = dict(zip(known, values.values())) if writer.key_prefix else values
         else:
             problem = _breaks_the_rules(values, metrics, writer)
             if problem is not None:
@@ -226,9 +226,8 @@ class _Replay:
             prefix = writer.key_prefix
             # Without a prefix the decoded record (a dict of its own) is the row.
             row = {prefix + key: value for key, value in values.items()} if prefix else values
-            if len(self._known) < _KNOWN_MAX and _PLAIN.issuperset(map(type, values.values())):
-                longest = MAX_LINE_BYTES - LINE_OVERHEAD - len(values) * len(writer.prefix + "/")  # check_line's bound
-                self._known[(writer_id, tuple(values))] = (tuple(row), longest)
+            if plain and len(self._known) < _KNOWN_MAX:
+                self._known[shape] = tuple(row)
         row[writer.axis] = step
         # W&B's wall-clock axis shows when the record was logged, not synced.
         row["_timestamp"] = wall_time
