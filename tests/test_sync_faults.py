@@ -56,7 +56,7 @@ POISON = {
     "a newline in a key": ('{"loss\\n": 1}', "control character"),
     "a reserved name": ('{"_step": 1}', "reserves for itself"),
     "an 11 MB value": (json.dumps({"blob": "x" * 11_000_000}), "over W&B's limit"),
-    "an 11 MB value of a key sent before": (json.dumps({"i": "x" * 11_000_000}), "over W&B's limit"),
+    "a 2 MB value of a key sent before": (json.dumps({"i": "x" * 2_000_000}), "over W&B's limit of 1,000,000"),
 }
 
 
