@@ -49,6 +49,14 @@ def test_value_comes_back_exactly(buffer, name):
     assert same_metrics(log_and_read(buffer, {name: value}), {name: value})
 
 
+def test_a_record_stored_as_json_with_spaces_reads_back(buffer):
+    # As another JSON writer (or a database's JSON type) would write it; walbuf writes no spaces.
+    log_and_read(buffer, {"a": 1})
+    run_sql(buffer, "UPDATE records SET metrics = :m", {"m": ' { "a" : 2.5 ,\n "b" : null } '})
+    (record,) = list(walbuf.read(buffer))
+    assert record.metrics == {"a": 2.5, "b": None}
+
+
 def test_all_kinds_in_one_record_come_back_exactly(buffer):
     assert same_metrics(log_and_read(buffer, ROUND_TRIP), ROUND_TRIP)
 

@@ -78,6 +78,20 @@ def test_a_poison_record_is_quarantined_and_the_others_arrive_once(server, buffe
     assert held.step == 3 and reason in held.quarantined
 
 
+def test_a_record_of_keys_sent_before_is_still_held_to_the_line_limit(server, buffer):
+    # The same 2,501 keys as a record the sync found fine, each with an int of
+    # 4,300 digits (the most Python reads as JSON): over 10 MB as a history line.
+    keys = [f"k{i}" for i in range(2500)]
+    with walbuf.Writer(buffer, writer="w", run="exp") as w:
+        w.log({**dict.fromkeys(keys, 0), "i": 0}, step=0)
+    as_an_older_walbuf_stored_it(buffer, 1, json.dumps({**dict.fromkeys(keys, int("9" * 4300)), "i": 1}))
+    log_steps(buffer, [2])
+    proc = run_sync(server, buffer)
+    assert proc.returncode == 3, proc.stderr
+    assert "quarantined w step 1" in proc.stderr and "as a W&B history line, over W&B's limit" in proc.stderr
+    assert steps_arrived(server, buffer) == [0, 2]
+
+
 def test_quarantined_records_are_shown_with_their_reason_and_doctor_asks_for_a_person(server, buffer):
     log_steps(buffer, [0])
     as_an_older_walbuf_stored_it(buffer, 1, '{"a\\u0000b": 1}')

@@ -145,7 +145,12 @@ def flatten(metrics: Any, reserved: str | None = None) -> dict[str, Stored]:
 
 def fits_line(payload: str, values: Mapping[str, Stored], prefix: str) -> bool:
     """Whether a record surely makes a history line within W&B's limit, counting every value as stored (see check_line)."""
-    return _line_size(payload, values, prefix) <= MAX_LINE_BYTES
+    return len(payload) <= line_room(len(values), prefix)
+
+
+def line_room(count: int, prefix: str) -> int:
+    """The longest stored payload of ``count`` values, each key behind ``prefix``, that surely fits a history line."""
+    return MAX_LINE_BYTES - LINE_OVERHEAD - count * len(prefix)
 
 
 def _line_size(payload: str, values: Mapping[str, Stored], prefix: str) -> int:
@@ -284,8 +289,24 @@ def _check_text(name: str, value: str, what: str) -> None:
 encode = json.JSONEncoder(separators=(",", ":"), allow_nan=True).encode
 """Serialise flattened metrics for storage (JSON; NaN and +-inf kept)."""
 
-decode = json.JSONDecoder().decode
-"""Inverse of :func:`encode` (a histogram or an image comes back in its stored form, a dict)."""
+_decoder = json.JSONDecoder()
+# The C scanner itself: JSONDecoder.decode() adds two passes of a regex for
+# whitespace around the value, which encode() never writes.
+_scan = _decoder.scan_once  # type: ignore[attr-defined]
+
+
+def decode(text: str) -> Any:
+    """Inverse of :func:`encode` (a histogram or an image comes back in its stored form, a dict).
+
+    Raises json.JSONDecodeError if ``text`` is not JSON.
+    """
+    try:
+        value, end = _scan(text, 0)
+    except StopIteration:
+        end = -1
+    if end != len(text):  # not as encode() writes it: the full parser, with its error if it is not JSON
+        value = _decoder.decode(text)
+    return value
 
 
 def read_metrics(text: str) -> dict[str, Value]:

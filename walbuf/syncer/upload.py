@@ -25,7 +25,7 @@ from ..errors import (
     StorageError,
     TargetRefusedError,
 )
-from ..record import PLAIN_TYPES, Stored, check_line, decode, encode_config, fits_line, flatten
+from ..record import PLAIN_TYPES, Stored, check_line, decode, encode_config, flatten, line_room
 from ..store import Storage
 from ..store.schema import config_entries, quarantine, records, runs, syncs, writers
 from ..store.target import set_target
@@ -37,7 +37,7 @@ from .wandb_run import RowRefused, WandbRun  # it imports wandb itself, when a r
 
 READ_CHUNK = 2000  # records per read transaction: short snapshots let the WAL checkpoint
 _KNOWN_MAX = 10_000  # record shapes remembered per upload
-BATCH = 100  # records made ready at a time; the progress callback is called after each batch
+BATCH = 500  # records made ready at a time; the progress callback is called after each batch
 
 
 def upload(
@@ -156,8 +156,9 @@ class _Replay:
         self.sent = 0
         self.last_handled = plan.low  # the id of the last record sent or quarantined
         self.unreported = 0
-        # (writer id, a record's keys) -> its row's keys, for records found fine that hold plain values only
-        self._known: dict[tuple[int, tuple[str, ...]], tuple[str, ...]] = {}
+        # (writer id, *a record's keys) -> (its row's keys, the step axis and _timestamp last; the longest
+        # payload of those keys that fits a line), for records found fine that hold plain values only
+        self._known: dict[tuple[object, ...], tuple[tuple[str, ...], int]] = {}
 
     def into(self, wandb_run: WandbRun, merged: dict[str, dict[str, object]]) -> None:
         """The metric definitions the run has (its config went with wandb.init), the records, the whole summary."""
@@ -201,40 +202,42 @@ class _Replay:
 
     def _prepare(
         self, record_id: int, writer_id: int, step: int, wall_time: float, metrics: str
-    ) -> tuple[dict[str, object], list[tuple[str, str]], str | None]:
+    ) -> tuple[dict[str, object], Sequence[tuple[str, str]], str | None]:
         """One record as a history row, the definitions it newly needs, why W&B would refuse it for good (or None).
 
         Claims its keys for its writer's axis (see walbuf.syncer.metrics).
         """
-        writer = self.plan.writers[writer_id]
         values = decode(metrics)
-        needed: list[tuple[str, str]] = []
-        shape = (writer_id, tuple(values))
-        plain = PLAIN_TYPES.issuperset(map(type, values.values()))
+        shape = (writer_id, *values)
         known = self._known.get(shape)
-        if known is not None and plain and fits_line(metrics, values, writer.prefix + "/"):
+        if (
+            known is not None
+            and len(metrics) <= known[1]
+            and PLAIN_TYPES.issuperset(map(type, values.values()))
+        ):
             # The common case: the keys of a record of this writer found fine
-            # before, and plain values. Every check would pass as it did then.
-            row: dict[str, object] = dict(zip(known, values.values())) if writer.key_prefix else values
-        else:
-            problem = _breaks_the_rules(values, metrics, writer)
-            if problem is not None:
-                return {}, [], problem
-            problem, needed = self.metrics.check(writer, values)
-            if problem is not None:
-                return {}, [], problem
-            prefix = writer.key_prefix
-            # Without a prefix the decoded record (a dict of its own) is the row.
-            row = {prefix + key: value for key, value in values.items()} if prefix else values
-            if plain and len(self._known) < _KNOWN_MAX:
-                self._known[shape] = tuple(row)
+            # before, plain values, and a payload that fits the line. Every
+            # check would pass as it did then.
+            return dict(zip(known[0], (*values.values(), step, wall_time))), (), None
+        writer = self.plan.writers[writer_id]
+        problem = _breaks_the_rules(values, metrics, writer)
+        if problem is not None:
+            return {}, (), problem
+        problem, needed = self.metrics.check(writer, values)
+        if problem is not None:
+            return {}, (), problem
+        prefix = writer.key_prefix
+        # Without a prefix the decoded record (a dict of its own) is the row.
+        row: dict[str, object] = {prefix + key: value for key, value in values.items()} if prefix else values
+        if PLAIN_TYPES.issuperset(map(type, values.values())) and len(self._known) < _KNOWN_MAX:
+            self._known[shape] = ((*row, writer.axis, "_timestamp"), line_room(len(values), writer.prefix + "/"))
         row[writer.axis] = step
         # W&B's wall-clock axis shows when the record was logged, not synced.
         row["_timestamp"] = wall_time
         return row, needed, None
 
     def _send(
-        self, wandb_run: WandbRun, writer: PlanWriter, row: dict[str, object], needed: list[tuple[str, str]]
+        self, wandb_run: WandbRun, writer: PlanWriter, row: dict[str, object], needed: Sequence[tuple[str, str]]
     ) -> str | None:
         """Send one prepared row; why wandb refused it, if it did (then nothing was sent)."""
         try:
