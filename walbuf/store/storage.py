@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Literal
+from typing import Any, Literal
 
 import sqlalchemy as sa
 
@@ -180,6 +180,29 @@ class Storage:
                 conn = self.backend.read_options(conn)
                 with conn.begin():
                     yield conn
+        self._check_untorn()
+
+    @contextmanager
+    def reads(self) -> Iterator[Callable[[sa.Select[Any]], Sequence[Any]]]:
+        """A function that runs a query in a snapshot of its own and returns its rows, all on one connection.
+
+        For a long scan in parts: a snapshot per part lets the WAL checkpoint
+        between parts, and one connection spares a connect per part.
+        """
+        with self.translate_errors():
+            with self.engine.connect() as conn:
+                conn = self.backend.read_options(conn)
+
+                def read(query: sa.Select[Any]) -> Sequence[Any]:
+                    with self.translate_errors():
+                        with conn.begin():
+                            rows = conn.execute(query).all()
+                    self._check_untorn()
+                    return rows
+
+                yield read
+
+    def _check_untorn(self) -> None:
         if self._immutable_state is not None and self._file_state() != self._immutable_state:
             # An immutable read takes no lock: a writer that opened the buffer
             # meanwhile and checkpointed into the file may have torn what was read.

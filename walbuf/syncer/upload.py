@@ -167,14 +167,17 @@ class _Replay:
             # latest config's definitions (see walbuf.syncer.metrics).
             wandb_run.define_metric(name, step_metric)
         after = self.plan.low
-        while not self.budget.spent():
-            chunk = _pending(self.storage, self.plan, after, self.budget.at_most(READ_CHUNK))
-            if not chunk:
-                break
-            for start in range(0, len(chunk), BATCH):
-                if not self._send_batch(wandb_run, chunk[start : start + BATCH]):
+        # Each chunk in a snapshot of its own (short snapshots let the WAL
+        # checkpoint), all on one connection.
+        with self.storage.reads() as read:
+            while not self.budget.spent():
+                chunk = read(_pending(self.plan, after, self.budget.at_most(READ_CHUNK)))
+                if not chunk:
                     break
-            after = chunk[-1][0]
+                for start in range(0, len(chunk), BATCH):
+                    if not self._send_batch(wandb_run, chunk[start : start + BATCH]):
+                        break
+                after = chunk[-1][0]
         summary = self.metrics.summary(merged["summary"])
         if summary:
             wandb_run.update_summary(summary)
@@ -293,19 +296,14 @@ def _refuse_target(storage: Storage, plan: Plan, message: str) -> None:
         conn.execute(runs.update().where(runs.c.id == plan.run_id).values(target_refused=message))
 
 
-def _pending(storage: Storage, plan: Plan, after: int, limit: int) -> Sequence[tuple[int, int, int, float, str]]:
-    """The next ``limit`` records of the plan past id ``after``, in id order: (id, writer id, step, time, metrics).
-
-    Each chunk is read in a snapshot of its own: short snapshots let the WAL checkpoint.
-    """
-    query = (
+def _pending(plan: Plan, after: int, limit: int) -> sa.Select[tuple[int, int, int, float, str]]:
+    """The query of the next ``limit`` records of the plan past id ``after``, in id order: (id, writer id, step, time, metrics)."""
+    return (
         sa.select(records.c.id, records.c.writer_id, records.c.step, records.c.time, records.c.metrics)
         .where(pending_filter(plan.writers, after, plan.high))
         .order_by(records.c.id)
         .limit(limit)
     )
-    with storage.begin_read() as conn:
-        return conn.execute(query).all()  # type: ignore[return-value]
 
 
 def _config(
