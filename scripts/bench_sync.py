@@ -5,12 +5,11 @@
    same local fake W&B server (tests/wandb_server.py), run in a process of
    its own, as W&B is never in the syncer's process. The sync declares one
    glob per writer (``rank-0/*`` against ``rank-0/step``: walbuf.syncer.metrics),
-   and so does the bare loop; a second bare loop declaring each key instead,
-   as a hand-written script might, is measured too, for reference (wandb-core
-   and W&B do a little more work per row for a glob). Rounds alternate. The
-   writers stay open, as while a job trains: the one upload that finishes
-   the W&B run once every writer has closed (see README, run state) is
-   measured on its own, against the bare loop's time.
+   and so does the bare loop; with --each-key, a second bare loop declaring
+   each key instead, as a hand-written script might, is measured too.
+   Rounds alternate. The writers stay open, as while a job trains: the one
+   upload that finishes the W&B run once every writer has closed (see
+   README, run state) is measured on its own, against the bare loop's time.
 2. A sync of 1,000 new records on a buffer that already holds --big synced
    ones, against the same sync on a fresh buffer. (The big buffer's records
    are marked synced by setting the cursors in SQL: uploading them first
@@ -18,10 +17,15 @@
 3. Peak RSS of the process running a sync of --big pending records, and of
    the wandb-core process under it.
 
-    python scripts/bench_sync.py [--rows 20000] [--rounds 12] [--big 1000000]
+    python scripts/bench_sync.py [--rows 20000] [--rounds 24] [--big 1000000] [--each-key] [--no-pin]
 
-A round's ratio on a shared 2-core VM ranges from about 0.6x to 1.4x: the
-median of 12 rounds is the figure to quote; one of 6 moved by 0.06x between runs.
+The figure to quote is the median of the rounds' ratios, printed with a
+95% interval for it (order statistics: no assumption about the noise's
+shape). By default this process runs on one CPU and wandb-core (with the
+fake server) on another, as on a login node with cores to spare, where the
+syncer and wandb-core do not take turns on one: on a 2-core VM, where the
+scheduler puts them changes a round's time by up to 2x, and the median's
+interval is about 3x wider with --no-pin (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import argparse
 import contextlib
 import gc
 import json
+import math
 import os
 import sqlite3
 import statistics
@@ -155,27 +160,81 @@ with FakeWandb() as server:
 
 
 @contextlib.contextmanager
-def fake_server() -> Iterator[dict[str, str]]:
-    """The environment for wandb to talk to a fake W&B server that runs while in the block."""
+def fake_server() -> Iterator[tuple[dict[str, str], int]]:
+    """The environment for wandb to talk to a fake W&B server that runs while in the block, and its process id."""
     with subprocess.Popen(
         [sys.executable, "-c", SERVE, str(TESTS)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     ) as server:
         assert server.stdout is not None and server.stdin is not None
         try:
-            yield json.loads(server.stdout.readline())
+            yield json.loads(server.stdout.readline()), server.pid
         finally:
             server.stdin.close()
+
+
+def pin(server: int) -> None:
+    """This process (its every thread) on one CPU; wandb-core and the fake server on another (Linux).
+
+    Both kinds of upload run under the same placement.
+    """
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("pinning needs 2 CPUs: run with --no-pin")
+    core = [
+        int(pid)
+        for pid in os.listdir("/proc")
+        if pid.isdigit() and _parent(int(pid)) == os.getpid() and _name(int(pid)) == "wandb-core"
+    ]
+    if len(core) != 1:
+        raise SystemExit(f"pinning: expected one wandb-core process under this one, found {len(core)}; run with --no-pin")
+    for pid, cpu in ((os.getpid(), cpus[0]), (core[0], cpus[1]), (server, cpus[1])):
+        for task in os.listdir(f"/proc/{pid}/task"):  # every thread: affinity is per thread
+            os.sched_setaffinity(int(task), {cpu})
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _name(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
+
+
+def median_interval(ordered: list[float], confidence: float = 0.95) -> tuple[float, float]:
+    """A distribution-free interval for the median of ``ordered`` (sorted): order statistics at binomial ranks."""
+    n = len(ordered)
+    k = 0  # the largest k with P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2
+    while k < n // 2 and sum(math.comb(n, i) for i in range(k + 1)) / 2**n <= (1 - confidence) / 2:
+        k += 1
+    return ordered[max(k - 1, 0)], ordered[n - max(k, 1)]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=20_000)
-    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--rounds", type=int, default=24)
     parser.add_argument("--big", type=int, default=1_000_000)
     parser.add_argument("--new", type=int, default=1_000)
+    parser.add_argument(
+        "--each-key",
+        action="store_true",
+        help="also a bare loop declaring each key, not one glob per writer (a third kind in every round)",
+    )
+    parser.add_argument(
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="this process on one CPU, wandb-core and the fake server on another (default; Linux)",
+    )
     args = parser.parse_args()
 
-    with tempfile.TemporaryDirectory() as tmp, fake_server() as server_env:
+    with tempfile.TemporaryDirectory() as tmp, fake_server() as (server_env, server_pid):
         directory = Path(tmp)
         os.environ.update(server_env)
         os.environ["WANDB_DIR"] = tmp
@@ -184,42 +243,50 @@ def main() -> None:
         fill(reference, args.rows)
         rows = rows_as_sync_sends_them(reference)
         time_bare_wandb(directory, rows[:100], "warmup")  # wandb's service process starts once
+        if args.pin:
+            pin(server_pid)
+        # Every round's buffer is filled first, and written out: the work of
+        # filling one (and the kernel's writing it back) falls on no round.
+        buffers = [directory / f"sync-{r}.db" for r in range(args.rounds)]
+        open_writers = [fill(buffer, args.rows, close=False) for buffer in buffers]
+        os.sync()
         # The benchmark's own objects (the bare loop's rows above all) are left
         # out of the garbage collector's passes: a `walbuf sync` process holds
         # no such heap, and every full pass of the sync's would walk it.
         gc.freeze()
-        ours, finishing, bare, per_key = [], [], [], []
-        for r in range(args.rounds):
-            buffer = directory / f"sync-{r}.db"
-            writers = fill(buffer, args.rows, close=False)
-            # Each round runs the three in another order: a run's after-effects
+        kinds = ["sync", "bare"] + (["each key"] if args.each_key else [])
+        seconds: dict[str, list[float]] = {kind: [] for kind in kinds}
+        finishing = []
+        for r, (buffer, writers) in enumerate(zip(buffers, open_writers)):
+            # Each round runs the kinds in another order: a run's after-effects
             # (wandb-core closing the run before, the page cache) fall on each alike.
-            for which in [(r + k) % 3 for k in range(3)]:
-                if which == 0:
+            for kind in kinds[r % len(kinds) :] + kinds[: r % len(kinds)]:
+                if kind == "sync":
                     sending, finished = time_walbuf_sync(buffer, writers, args.rows)
-                    ours.append(sending)
+                    seconds[kind].append(sending)
                     finishing.append(finished)
-                elif which == 1:
-                    bare.append(time_bare_wandb(directory, rows, f"bare{r:04d}"))
                 else:
-                    per_key.append(time_bare_wandb(directory, rows, f"perkey{r:04d}", per_key=True))
+                    seconds[kind].append(
+                        time_bare_wandb(directory, rows, f"{kind[0]}{r:04d}", per_key=kind == "each key")
+                    )
+        print(
+            "placement               :",
+            "pinned (this process on one CPU, wandb-core on the other)" if args.pin else "the scheduler's",
+        )
+        print(f"walbuf sync             : {args.rows / statistics.median(seconds['sync']):8,.0f} rows/s (median of {args.rounds})")
+        print(f"bare wandb.log loop     : {args.rows / statistics.median(seconds['bare']):8,.0f} rows/s (the same glob definitions)")
         # Each round's ratio, then their median: a slow patch of the machine
-        # falls on one round's three measurements, not on one kind's.
-        ratio = [b / o for b, o in zip(bare, ours)]
-        ratio_key = [b / o for b, o in zip(per_key, ours)]
-        print(f"walbuf sync             : {args.rows / statistics.median(ours):8,.0f} rows/s (median of {args.rounds})")
-        print(f"bare wandb.log loop     : {args.rows / statistics.median(bare):8,.0f} rows/s (the same glob definitions)")
-        print(f"  declaring each key    : {args.rows / statistics.median(per_key):8,.0f} rows/s")
+        # falls on one round's measurements, not on one kind's.
+        for kind, label in (("bare", "sync / bare            "), ("each key", "sync / bare, each key  ")):
+            if kind in seconds:
+                ratio = sorted(b / o for b, o in zip(seconds[kind], seconds["sync"]))
+                low, high = median_interval(ratio)
+                print(
+                    f"{label} : {statistics.median(ratio):5.2f}x   (95% interval of the median {low:.2f}x to {high:.2f}x;"
+                    f" rounds {ratio[0]:.2f}x to {ratio[-1]:.2f}x)" + ("  target >= 0.9x" if kind == "bare" else "")
+                )
         print(
-            f"sync / bare             : {statistics.median(ratio):5.2f}x   (target >= 0.9x;"
-            f" rounds {min(ratio):.2f}x to {max(ratio):.2f}x)"
-        )
-        print(
-            f"sync / bare, each key   : {statistics.median(ratio_key):5.2f}x"
-            f"   (rounds {min(ratio_key):.2f}x to {max(ratio_key):.2f}x)"
-        )
-        print(
-            f"finishing the run, once per job: {statistics.median(finishing) / statistics.median(bare):5.2f}x"
+            f"finishing the run, once per job: {statistics.median(finishing) / statistics.median(seconds['bare']):5.2f}x"
             f" the bare loop's time for {args.rows:,} rows"
         )
 
