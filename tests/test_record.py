@@ -259,6 +259,15 @@ def test_values_up_to_the_limits_are_kept(buffer):
     assert log_and_read(buffer, metrics)["big"] == metrics["big"]
 
 
+@pytest.mark.parametrize("metrics, key", [({"x": 10**5000}, "x"), ({"n": {"x": -(10**5000)}}, "n/x")], ids=["top", "nested"])
+def test_an_int_too_long_for_json_is_refused_naming_the_key_and_nothing_is_written(buffer, metrics, key):
+    with walbuf.Writer(buffer, writer="w") as w:
+        with pytest.raises(walbuf.MetricValueError, match=f"metric '{key}' is an int of more digits"):
+            w.log(metrics)
+        assert w.log({"fine": 10**4000}) == 0  # an int Python can write is kept, and the writer goes on
+    assert record_count(buffer) == 1
+
+
 @pytest.mark.parametrize("kind", ["config", "summary"])
 @pytest.mark.parametrize(
     "values, message",
@@ -270,8 +279,9 @@ def test_values_up_to_the_limits_are_kept(buffer):
         ({"model": {"a\x00": 1}}, "control character"),
         ({"notes": "x" * (MAX_VALUE_BYTES + 1)}, "over W&B's limit"),
         ({"deep": nested(1000)}, "nested more than"),
+        ({"seeds": [1, 10**5000]}, "'seeds' holds an int of more digits than Python writes as text"),
     ],
-    ids=["surrogate", "newline", "blank", "_wandb", "nested NUL", "too big", "too deep"],
+    ids=["surrogate", "newline", "blank", "_wandb", "nested NUL", "too big", "too deep", "int too long for text"],
 )
 def test_config_and_summary_refuse_what_wandb_would_refuse(buffer, kind, values, message):
     with walbuf.Writer(buffer, writer="w") as w:

@@ -289,6 +289,32 @@ def _check_text(name: str, value: str, what: str) -> None:
 encode = json.JSONEncoder(separators=(",", ":"), allow_nan=True).encode
 """Serialise flattened metrics for storage (JSON; NaN and +-inf kept)."""
 
+
+def encode_metrics(flat: Mapping[str, Stored]) -> str:
+    """:func:`encode` of what flatten() returned; MetricValueError, naming the key, for an int too long for JSON."""
+    try:
+        return encode(flat)
+    except ValueError:
+        for key, value in flat.items():
+            if isinstance(value, int) and _too_long(value):
+                raise MetricValueError(f"metric {key!r} is {_LONG_INT} (nothing was written)") from None
+        raise
+
+
+def _too_long(value: int) -> bool:
+    """Whether Python refuses to write ``value`` as text (more digits than sys.get_int_max_str_digits())."""
+    try:
+        int.__repr__(value)
+    except ValueError:
+        return True
+    return False
+
+
+_LONG_INT = (
+    "an int of more digits than Python writes as text (sys.get_int_max_str_digits(), 4,300 by default),"
+    " so it cannot be stored as JSON; log a smaller number, or the number as a str"
+)
+
 _decoder = json.JSONDecoder()
 # The C scanner itself: JSONDecoder.decode() adds two passes of a regex for
 # whitespace around the value, which encode() never writes.
@@ -341,7 +367,11 @@ def encode_config(values: Any, what: str = "config") -> dict[str, str]:
         _check_key("", key, what, star=True)
         if key in RESERVED_KEYS:
             raise MetricValueError(f"{what} key {key!r} is a name W&B reserves for itself; rename it (nothing was stored)")
-        text = json.dumps(_config_value(key, value, what, 1), allow_nan=True)
+        checked = _config_value(key, value, what, 1)
+        try:
+            text = json.dumps(checked, allow_nan=True)
+        except ValueError:  # of what _config_value let through, only an int too long for text fails here
+            raise MetricValueError(f"{what} key {key!r} holds {_LONG_INT} (nothing was stored)") from None
         if len(text) > MAX_VALUE_BYTES:
             raise MetricValueError(
                 f"{what} key {key!r} holds {len(text):,} bytes, over W&B's limit of {MAX_VALUE_BYTES:,}"

@@ -39,7 +39,7 @@ from .errors import (
     WriterClosedError,
     WriterConflictError,
 )
-from .record import check_line, encode, encode_config, flatten
+from .record import check_line, encode_config, encode_metrics, flatten
 from .settings import WriterSettings
 from .store.backend import Appender, Lock
 from .store.claims import wandb_key
@@ -331,7 +331,7 @@ class Writer:
         """
         state = self._opened_here()
         flat = flatten(metrics, state.step_axis)
-        payload = encode(flat)
+        payload = encode_metrics(flat)
         check_line(payload, flat, state.prefix + "/")
         with self._lock:
             self._check_open(state)
