@@ -25,7 +25,7 @@ shape). By default this process runs on one CPU and wandb-core (with the
 fake server) on another, as on a login node with cores to spare, where the
 syncer and wandb-core do not take turns on one: on a 2-core VM, where the
 scheduler puts them changes a round's time by up to 2x, and the median's
-interval is about 3x wider with --no-pin (docs/performance.md).
+interval was 2.5x to 3x wider with --no-pin (docs/performance.md).
 """
 
 from __future__ import annotations
