@@ -143,18 +143,13 @@ def flatten(metrics: Any, reserved: str | None = None) -> dict[str, Stored]:
     return flat
 
 
-def fits_line(payload: str, values: Mapping[str, Stored], prefix: str) -> bool:
-    """Whether a record surely makes a history line within W&B's limit, counting every value as stored (see check_line)."""
-    return len(payload) <= line_room(len(values), prefix)
-
-
 def line_room(count: int, prefix: str) -> int:
-    """The longest stored payload of ``count`` values, each key behind ``prefix``, that surely fits a history line."""
+    """The longest stored payload of ``count`` values, each key behind ``prefix``, that surely fits a history line.
+
+    Every value is counted as stored (an image as its PNG, not the reference
+    the line holds): a payload within this needs no closer look (see check_line).
+    """
     return MAX_LINE_BYTES - LINE_OVERHEAD - count * len(prefix)
-
-
-def _line_size(payload: str, values: Mapping[str, Stored], prefix: str) -> int:
-    return len(payload) + len(values) * len(prefix) + LINE_OVERHEAD
 
 
 def check_line(payload: str, values: Mapping[str, Stored], prefix: str) -> None:
@@ -164,9 +159,10 @@ def check_line(payload: str, values: Mapping[str, Stored], prefix: str) -> None:
     the reference to its file that the history line holds; the images of
     one record may take at most MAX_IMAGES_BYTES.
     """
-    if fits_line(payload, values, prefix):
+    room = line_room(len(values), prefix)
+    if len(payload) <= room:
         return  # the common case: no need to look at the values
-    size = _line_size(payload, values, prefix)
+    size = len(payload) - room + MAX_LINE_BYTES  # the line's size, every value counted as stored
     images = [value["png"] for value in values.values() if type(value) is dict and value["_type"] == IMAGE]
     stored_images = sum(len(png) for png in images)
     if stored_images > MAX_IMAGES_BYTES:
