@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 
 import walbuf
+from walbuf.directory.layout import Layout
 from walbuf.directory.lease import in_use
 
 logging.basicConfig(stream=sys.stderr, level=logging.DEBUG, format="%(message)s")
@@ -30,7 +31,7 @@ for line in sys.stdin:
         shard = max(live.glob("*.db"))
         print(shard, flush=True)
         continue
-    while in_use(shard):  # the expiry thread releases the lease, then waits for the host's rotate.lock
+    while in_use(Layout(Path(buffer)), shard):  # the expiry thread releases the lease, then waits for the host's rotate.lock
         threading.Event().wait(0.01)
     pid = os.fork()
     if pid == 0:

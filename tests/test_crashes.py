@@ -63,8 +63,12 @@ def report(request: pytest.FixtureRequest, tally: Counter) -> None:
 
 
 def stored(buffer: Path, writer: str) -> list[walbuf.Record]:
-    """The records of ``writer`` in run RUN, in the order logged (none if there is no buffer)."""
-    if not buffer.exists():
+    """The records of ``writer`` in run RUN, in the order logged (none if there is no buffer).
+
+    A writer killed while it makes the buffer may leave the empty file it
+    made (owner-only) before SQLite wrote anything: no buffer yet, either.
+    """
+    if not buffer.exists() or buffer.stat().st_size == 0:
         return []
     return list(walbuf.read(buffer, run=RUN, writer=writer))
 

@@ -24,7 +24,7 @@ import pytest
 import walbuf
 from conftest import as_reader, rows_of, run_sync, walbuf_says
 from walbuf import doctor, prune
-from walbuf.directory.layout import ENV_HOST, ENV_ROTATE
+from walbuf.directory.layout import ENV_HOST, ENV_ROTATE, Layout
 from walbuf.directory.lease import in_use
 
 pytestmark = pytest.mark.slow  # real processes and syncs: not in the quick loop
@@ -391,7 +391,7 @@ def test_a_fork_waits_while_the_expiry_thread_lets_go_of_a_shard_and_the_child_l
             # still in use cannot end: the expiry thread waits for the lock to seal it.
             rotate_lock = os.open(shard.parent / "rotate.lock", os.O_RDWR | os.O_CREAT)
             fcntl.flock(rotate_lock, fcntl.LOCK_EX)
-            if in_use(shard):
+            if in_use(Layout(Path(directory)), shard):
                 break
             os.close(rotate_lock)  # it expired already: log into a new one
         proc.stdin.write("fork\n")

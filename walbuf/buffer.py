@@ -18,7 +18,7 @@ Two kinds:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Union
@@ -26,7 +26,7 @@ from typing import Protocol, Union
 import sqlalchemy as sa
 
 from .directory import DirectoryBuffer
-from .directory.buffer import check_directory
+from .directory.buffer import SyncSource, check_directory
 from .errors import BufferNotFoundError, ConfigError, NotABufferError
 from .record import Record
 from .store import Access, Durability, Storage
@@ -84,15 +84,15 @@ class DatabaseBuffer:
         """Whether a process holds ``writer`` of ``run`` open now. Changes nothing."""
         return self.backend.lock_held(writer_lock_name(run, writer))
 
-    def open_for_sync(self) -> tuple[Storage, tuple[str, ...]]:
-        """The database sync uploads from, checked whole for damage (and nothing set aside). The caller holds the sync lock."""
+    def open_for_sync(self, stop: Callable[[], bool] | None = None) -> SyncSource:
+        """The database sync uploads from, checked whole for damage. The caller holds the sync lock."""
         storage = Storage(self.backend, access="write")
         try:
             storage.check_integrity()
         except BaseException:
             storage.close()
             raise
-        return storage, ()
+        return SyncSource(storage)
 
     def records(
         self, run: str | None = None, writer: str | None = None, *, quarantined: bool = False
@@ -142,6 +142,9 @@ def open_buffer(location: Location, *, create: bool = False) -> Buffer:
     - A ``sqlite:///`` URL, or a path that is not a directory: a SQLite file.
     - An existing directory, or a path ending in "/": a directory buffer.
 
+    A path is resolved to the buffer's real path (symbolic links in it
+    followed), so every name of one buffer shares its locks.
+
     Without ``create`` (reading, syncing, pruning) the buffer must exist:
     a missing path raises BufferNotFoundError, a directory that is not a
     directory buffer NotABufferError naming what it holds. With ``create``
@@ -157,7 +160,7 @@ def open_buffer(location: Location, *, create: bool = False) -> Buffer:
         raise ConfigError("no buffer given: pass a path or set WALBUF_BUFFER")
     if "://" in text:
         return _from_url(text, create)
-    path = Path(text).expanduser().absolute()
+    path = _real(text)
     if text.endswith(os.sep) or path.is_dir():
         check_directory(path, create=create)
         return DirectoryBuffer(path)
@@ -182,10 +185,19 @@ def _from_url(text: str, create: bool) -> Buffer:
             f"buffer {url.render_as_string()!r} is an in-memory database, which other"
             " processes cannot see; give a file path"
         )
-    path = Path(url.database).expanduser().absolute()
+    path = _real(url.database)
     if path.is_dir():
         raise NotABufferError(f"buffer {text!r} names a directory; give it as a path for a directory buffer")
     return _sqlite_file(path, create)
+
+
+def _real(text: str) -> Path:
+    """The buffer's real path: links in what the user gave are followed here, once.
+
+    Its locks are keyed by it, so that two names of one buffer (a link to
+    it) share them; inside the buffer nothing is a link (walbuf.store.trust).
+    """
+    return Path(os.path.realpath(Path(text).expanduser()))
 
 
 def _sqlite_file(path: Path, create: bool) -> DatabaseBuffer:

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import click
+import sqlalchemy as sa
 
 from . import __version__, exitcodes
 from .buffer import read
@@ -260,7 +261,7 @@ def _run_sync(options: dict[str, Any], *, dry_run: bool, quiet: bool, verbose: b
             )
     finally:
         shown.close()
-    for message in result.set_aside:
+    for message in (*result.set_aside, *result.refused):
         click.echo(f"walbuf: warning: {message}", err=True)
     for run in result.runs:
         for c in run.config_changes:
@@ -279,7 +280,7 @@ def _run_sync(options: dict[str, Any], *, dry_run: bool, quiet: bool, verbose: b
         if run.quarantined:
             click.echo(
                 f"walbuf: warning: run {run.run}: {len(run.quarantined)} records quarantined: never sent, kept in the"
-                f" buffer; see them with `walbuf records {options['buffer']} --quarantined`",
+                f" buffer; see them with `walbuf records {_shown(options['buffer'])} --quarantined`",
                 err=True,
             )
         for r in run.refused_settings:
@@ -349,7 +350,7 @@ def cron(**options: Any) -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
     if options["max_seconds"] is None:
         options["max_seconds"] = CRON_MAX_SECONDS
-    buffer = options["buffer"]
+    buffer = _shown(options["buffer"])
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
     try:
         result = _run_sync(options, dry_run=False, quiet=True)
@@ -366,10 +367,20 @@ def cron(**options: Any) -> None:
         click.echo(
             f"{stamp} walbuf sync {buffer}: exit {exitcodes.QUARANTINED.code}, needs a person:"
             f" {result.records} records synced, {result.quarantined} quarantined,"
-            f" {len(result.set_aside)} damaged shards set aside (see the warnings above)"
+            f" {len(result.set_aside)} shards set aside, {len(result.refused)} files refused (see the warnings above)"
         )
         sys.exit(exitcodes.QUARANTINED.code)
     click.echo(f"{stamp} walbuf sync {buffer}: ok, {result.records} records synced")
+
+
+def _shown(buffer: str) -> str:
+    """A buffer as given, for a log line: a URL's password masked, as every message of walbuf's does."""
+    if "://" not in buffer:
+        return buffer
+    try:
+        return sa.make_url(buffer).render_as_string(hide_password=True)
+    except sa.exc.ArgumentError:
+        return "(a buffer URL walbuf cannot read)"
 
 
 @main.command(epilog=EXIT_HELP)
@@ -385,12 +396,17 @@ def status(buffer: str, as_json: bool) -> None:
     click.echo(f"buffer {report.buffer}")
     for shard in report.shards:
         created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(shard.created_at))
-        waiting = (
-            "not readable from this host" if shard.not_in_hub is None else f"{shard.not_in_hub} records not yet in the hub"
-        )
+        if shard.refused is not None:
+            waiting = f"the next sync sets it aside: {shard.refused}"
+        elif shard.not_in_hub is None:
+            waiting = "not readable from this host"
+        else:
+            waiting = f"{shard.not_in_hub} records not yet in the hub"
         click.echo(f"shard {shard.shard} ({shard.state}, since {created}): {waiting}")
     for damaged in report.damaged_shards:
-        click.echo(f"damaged shard {damaged} (set aside in quarantine/: see walbuf doctor)")
+        click.echo(f"shard {damaged} (set aside in quarantine/: see walbuf doctor)")
+    for why in report.not_opened:
+        click.echo(f"not opened: {why}")
     if not report.runs:
         click.echo("  no runs yet")
     for run in report.runs:

@@ -52,6 +52,14 @@ class BufferNotWritableError(StorageError):
     """This process may not write the buffer (its file, directory or lock files). Nothing was written."""
 
 
+class UntrustedPathError(StorageError):
+    """A file or folder in a buffer that walbuf does not trust: another account's, a link, or one others may write.
+
+    walbuf never opens, follows or writes it (see docs/security.md); the
+    message names it, its owner and what to do.
+    """
+
+
 class ConfigError(WalbufError, ValueError):
     """A missing or unusable setting: no buffer given, a bad URL, an empty writer id, ..."""
 
@@ -128,6 +136,7 @@ __all__ = [
     "BufferNotFoundError",
     "BufferUnavailableError",
     "BufferNotWritableError",
+    "UntrustedPathError",
     "ConfigError",
     "BufferCorruptError",
     "NotABufferError",

@@ -21,6 +21,7 @@ from .errors import (
     SchemaTooNewError,
     SyncLockedError,
     TargetConflictError,
+    UntrustedPathError,
     UploadError,
     WalbufError,
 )
@@ -49,7 +50,12 @@ DATAERR = ExitCode(
 NOINPUT = ExitCode(66, "the buffer does not exist")
 UNAVAILABLE = ExitCode(69, "the buffer's PostgreSQL server cannot be reached; retry later", retry=True)
 TEMPFAIL = ExitCode(75, "W&B unreachable or failed: nothing was marked synced; retry later", retry=True)
-NOPERM = ExitCode(77, "this process may not write the buffer: `records`, `status` and `doctor` still read it")
+NOPERM = ExitCode(
+    77,
+    "this process may not write the buffer (`records`, `status` and `doctor` still read it), or the buffer"
+    " holds a file or folder walbuf does not trust: another account's, a symbolic link, or one others may"
+    " write (the message names it; see docs/security.md)",
+)
 SIGINT = ExitCode(130, "interrupted by Ctrl-C (SIGINT): nothing the cut-off upload sent is marked synced")
 SIGTERM = ExitCode(143, "stopped by SIGTERM: nothing the cut-off upload sent is marked synced")
 CONFIG = ExitCode(
@@ -67,6 +73,7 @@ _FOR_ERROR: tuple[tuple[type[WalbufError], ExitCode], ...] = (
     (BufferNotFoundError, NOINPUT),
     (BufferUnavailableError, UNAVAILABLE),
     (BufferNotWritableError, NOPERM),
+    (UntrustedPathError, NOPERM),
     (BufferCorruptError, DATAERR),
     (NotABufferError, DATAERR),
     (SchemaTooNewError, DATAERR),

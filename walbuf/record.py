@@ -332,15 +332,28 @@ def decode(text: str) -> Any:
 
 
 def read_metrics(text: str) -> dict[str, Value]:
-    """A stored record's metrics as the read API gives them: histograms and images as :class:`Histogram` and :class:`Image`."""
-    values = decode(text)
+    """A stored record's metrics as the read API gives them (histograms and images as their classes).
+
+    Raises ValueError if ``text`` is not what walbuf stores: not JSON, not
+    a JSON object, nested too deep, or a nested value that is not a valid
+    histogram or image.
+    """
+    if type(text) is not str:
+        raise ValueError("its metrics are not text")
+    try:
+        values = decode(text)
+    except RecursionError:
+        raise ValueError("its metrics are JSON nested deeper than Python reads") from None
+    if type(values) is not dict:
+        raise ValueError("its metrics are not a JSON object")
     for key, value in values.items():
         if type(value) is dict:
-            values[key] = (
-                Image.from_json(value)
-                if value["_type"] == IMAGE
-                else Histogram.from_counts(value["values"], value["bins"])
-            )
+            if stored_image(key, value) is not None:
+                values[key] = Image.from_json(value)
+            elif stored_histogram(key, value) is not None:
+                values[key] = Histogram.from_counts(value["values"], value["bins"])
+            else:
+                raise ValueError(f"metric {key!r} is a nested value that is neither a histogram nor an image")
     return values
 
 

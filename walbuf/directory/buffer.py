@@ -12,17 +12,18 @@ as it would a one-file buffer.
 from __future__ import annotations
 
 import os
+import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import BufferNotFoundError, NotABufferError, StorageError
-from ..record import Record, read_metrics
+from ..errors import BufferCorruptError, BufferNotFoundError, NotABufferError, StorageError
+from ..record import Record
 from ..store import Access, Durability, Storage
 from ..store.backend import Lock
 from ..store.sqlite import SQLiteBackend
-from ..store.storage import writer_lock_name
+from ..store.storage import stored_metrics, writer_lock_name
 from .ingest import hub_cursors, in_hub, ingest, pending_in
 from .layout import MARKER, Layout, Shard, host_name
 from .lease import Lease, seal_unused
@@ -35,8 +36,25 @@ class Backlog:
 
     shard: Shard
     # Records the next sync on this host copies into the hub; None: another
-    # host's live shard, which this host may not read.
+    # host's live shard, which this host may not read, or one it refuses.
     not_in_hub: int | None
+    # Why the next sync sets the shard aside instead (damaged, or holding what
+    # walbuf never writes); None if it does not.
+    refused: str | None = None
+
+
+@dataclass(frozen=True)
+class SyncSource:
+    """The database a sync uploads from, open, and what bringing it together found."""
+
+    storage: Storage
+    # Shards moved to quarantine/ (damaged, or refused), a message each.
+    set_aside: tuple[str, ...] = ()
+    # What the sync did not open or take in, a message each: files walbuf does
+    # not trust or does not name so, live shards of this host it refused.
+    refused: tuple[str, ...] = ()
+    # The sync's stop condition held before every shard was taken in.
+    stopped: bool = False
 
 
 @dataclass(frozen=True)
@@ -53,17 +71,19 @@ class DirectoryBuffer:
     def layout(self) -> Layout:
         return Layout(self.root)
 
-    def _hub(self) -> SQLiteBackend:
+    def _hub(self, layout: Layout | None = None) -> SQLiteBackend:
+        layout = layout or self.layout
         # Several hosts open the hub in turn: a rollback journal, not WAL.
-        return SQLiteBackend(self.layout.hub, locks=self.layout.locks, journal="delete")
+        return SQLiteBackend(layout.hub, locks=layout.locks, journal="delete", owner=layout.owner)
 
     def open_store(self, access: Access) -> Storage | None:
         """The hub; None if no sync has made it yet (only "create" makes it)."""
-        if access != "create" and not self.layout.hub.exists():
-            return None
+        layout = self.layout
         if access == "create":
-            self.layout.make()
-        return Storage(self._hub(), access=access, durability="fsync")
+            layout.make()
+        elif layout.owner.entry(layout.hub) is None:
+            return None
+        return Storage(self._hub(layout), access=access, durability="fsync")
 
     def sync_lock(self) -> Lock:
         return self._hub().lock("sync")
@@ -76,23 +96,27 @@ class DirectoryBuffer:
         """Whether a process on any host holds ``writer`` of ``run`` open now (the lock is in locks/). Changes nothing."""
         return self._hub().lock_held(writer_lock_name(run, writer))
 
-    def open_for_sync(self) -> tuple[Storage, tuple[str, ...]]:
+    def open_for_sync(self, stop: Callable[[], bool] | None = None) -> SyncSource:
         """Seal the live shards nobody uses (of any host), copy every shard this host may read into the hub; the hub, open.
 
-        Also what was set aside: damaged shards moved to quarantine/, a
-        message each (the others went on). The caller holds the sync lock.
+        Also what was set aside (damaged or refused shards moved to
+        quarantine/) and what was not opened (see Layout.strangers), a
+        message each: the others went on. ``stop`` ends the copying early
+        (see walbuf.directory.ingest). The caller holds the sync lock.
         """
+        layout = self.layout
         hub = self.open_store("create")
         assert hub is not None
         try:
             hub.check_integrity()
             host = host_name()
-            sealing = seal_unused(self.layout, host)
-            taken = ingest(self.layout, hub, host)
+            sealing = seal_unused(layout, host)
+            taken = ingest(layout, hub, host, stop)
+            strangers = tuple(f"{s.why}" for s in layout.strangers())
         except BaseException:
             hub.close()
             raise
-        return hub, (*sealing.set_aside, *taken.set_aside)
+        return SyncSource(hub, (*sealing.set_aside, *taken.set_aside), (*strangers, *taken.left_out), taken.stopped)
 
     def records(
         self, run: str | None = None, writer: str | None = None, *, quarantined: bool = False
@@ -101,22 +125,24 @@ class DirectoryBuffer:
 
         With ``quarantined``, only those a sync quarantined (all in the hub).
         """
+        layout = self.layout
         hub = self.open_store("read")
         try:
             if hub is not None:
                 yield from hub.read(run=run, writer=writer, quarantined=quarantined)
             if quarantined:
                 return
-            for shard in self.layout.readable_shards(host_name()):
+            for shard in layout.readable_shards(host_name()):
                 cursors = _cursors(hub, shard)
-                with ShardReader.of(shard) as reader:
+                with ShardReader.of(layout, shard) as reader:
                     found = reader.writers()
                     after = {w.id: cursors.get((w.run, w.name), 0) for w in found.values()}
                     for chunk in reader.records_after(after):
                         for _, w, step, wall_time, metrics in chunk:
                             owner = found[w]
                             if run in (None, owner.run) and writer in (None, owner.name):
-                                yield Record(owner.run, owner.name, step, wall_time, read_metrics(metrics))
+                                values = stored_metrics(metrics, owner.name, step, None, str(shard.path))
+                                yield Record(owner.run, owner.name, step, wall_time, values)
         finally:
             if hub is not None:
                 hub.close()
@@ -133,7 +159,10 @@ class DirectoryBuffer:
                 if shard.state == "live" and shard.host != host:
                     out.append(Backlog(shard, None))
                     continue
-                out.append(Backlog(shard, self.not_in_hub(shard, hub)))
+                try:
+                    out.append(Backlog(shard, self.not_in_hub(shard, hub)))
+                except (BufferCorruptError, NotABufferError) as exc:
+                    out.append(Backlog(shard, None, str(exc)))
             return out
         finally:
             if hub is not None:
@@ -141,7 +170,7 @@ class DirectoryBuffer:
 
     def not_in_hub(self, shard: Shard, hub: Storage | None) -> int:
         """How many of a shard's records ``hub`` (this buffer's, open; None: not made yet) lacks."""
-        with ShardReader.of(shard) as reader:
+        with ShardReader.of(self.layout, shard) as reader:
             return pending_in(reader, _cursors(hub, shard))
 
     def remove_ingested(self, older_than: float, hub: Storage | None) -> tuple[int, list[str]]:
@@ -152,14 +181,16 @@ class DirectoryBuffer:
         in), and one that cannot be read is kept. Returns how many were
         deleted, and a message for each one that was not.
         """
+        layout = self.layout
+        layout.own()
         cutoff = time.time() - older_than
         removed, kept = 0, []
-        for shard in self.layout.shards("ingested"):
+        for shard in layout.shards("ingested"):
             # A sealed shard is last written when sealed: its records are older.
-            if shard.path.stat().st_mtime >= cutoff:
+            if os.lstat(shard.path).st_mtime >= cutoff:
                 continue
             try:
-                covered = hub is not None and in_hub(hub, shard)
+                covered = hub is not None and in_hub(layout, hub, shard)
             except StorageError as exc:
                 kept.append(f"ingested shard {shard.id} was kept: {exc}")
                 continue
@@ -167,7 +198,7 @@ class DirectoryBuffer:
                 shard.path.unlink()
                 removed += 1
             else:
-                os.replace(shard.path, self.layout.sealed / shard.path.name)
+                os.replace(shard.path, layout.sealed / shard.path.name)
                 kept.append(
                     f"ingested shard {shard.id} holds records the hub lacks: it went back to sealed/,"
                     " and the next sync takes them in"
@@ -175,8 +206,13 @@ class DirectoryBuffer:
         return removed, kept
 
     def size(self) -> int:
-        """Bytes of every file in the buffer."""
-        return sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file())
+        """Bytes of every file in the buffer (links are not followed)."""
+        total = 0
+        for folder, _, names in os.walk(self.root):
+            for name in names:
+                st = os.lstat(os.path.join(folder, name))
+                total += st.st_size if stat.S_ISREG(st.st_mode) else 0
+        return total
 
     def open_segment(self, durability: Durability) -> ShardSegment:
         return ShardSegment(self.layout, host_name(), durability)
@@ -198,7 +234,9 @@ class ShardSegment:
         self._lease = Lease(layout, host)
         try:
             self.storage = Storage(
-                SQLiteBackend(self._lease.path, locks=layout.locks), access="create", durability=durability
+                SQLiteBackend(self._lease.path, locks=layout.locks, owner=layout.owner),
+                access="create",
+                durability=durability,
             )
         except BaseException:
             self._lease.release()

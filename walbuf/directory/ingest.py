@@ -14,56 +14,74 @@ Which shards: every sealed one, from any host, and the syncer's own host's
 live ones (read in one snapshot, while their writers go on). A sealed shard
 whose records are all in the hub moves to ``ingested/``, where
 `walbuf prune` removes it.
+
+A shard is untrusted input (see walbuf.directory.shard): one that is damaged,
+holds what walbuf never writes, or names a W&B target the hub's run does not
+have (or W&B's rules refuse) is set aside in quarantine/ with the reason,
+before anything of it is copied, and the other shards go on. A live shard
+of this host is not moved (its writers use it): it is left out, with the
+reason, until it is sealed.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from ..errors import BufferCorruptError
-from ..store import Storage
-from ..store.schema import config_entries, records, shard_cursors
+from ..errors import BufferCorruptError, NotABufferError, TargetConflictError
+from ..store import Storage, Target
+from ..store.schema import config_entries, records, runs, shard_cursors
+from ..store.target import merge_target
 from .layout import Layout, Shard
-from .shard import ShardReader, ShardRecord, ShardWriter
+from .shard import ReadStopped, ShardReader, ShardRecord, ShardWriter
 
 
 @dataclass(frozen=True)
 class IngestResult:
     records: int  # copied into the hub now
     shards: int  # shards read
-    set_aside: tuple[str, ...] = ()  # damaged sealed shards moved to quarantine/, a message each
+    set_aside: tuple[str, ...] = ()  # sealed shards moved to quarantine/, a message each
+    left_out: tuple[str, ...] = ()  # live shards of this host not taken in, a message each
+    stopped: bool = False  # ``stop`` said so before every shard was read
 
 
-def ingest(layout: Layout, hub: Storage, host: str) -> IngestResult:
+def ingest(layout: Layout, hub: Storage, host: str, stop: Callable[[], bool] | None = None) -> IngestResult:
     """Copy what the hub lacks of every shard ``host`` may read. The caller holds the sync lock.
 
     A sealed shard moves to ingested/ once the hub's cursors cover all of
-    it. One that SQLite finds damaged moves to quarantine/ instead (the
-    others go on); any other error reading a shard (an I/O error, no
-    permission) raises StorageError, and that shard stays where it was.
+    it; one refused (see the module docstring) to quarantine/ instead.
+    Any other error reading a shard (an I/O error, no permission) raises
+    StorageError, and that shard stays where it was. ``stop`` is asked
+    while shards are read: once it says so, the ingest ends, keeping what
+    whole transactions copied.
     """
     copied = read = 0
-    set_aside = []
+    set_aside: list[str] = []
+    left_out: list[str] = []
+    layout.own().folder(layout.ingested, make=True)
     for shard in layout.readable_shards(host):
         try:
-            copied += _ingest_shard(hub, shard)
-        except BufferCorruptError as exc:
-            if shard.state != "sealed":
-                raise  # a live shard's writers use it: it is not ours to move
-            set_aside.append(layout.set_aside(shard, str(exc)))
+            copied += _ingest_shard(layout, hub, shard, stop)
+        except ReadStopped:
+            return IngestResult(copied, read, tuple(set_aside), tuple(left_out), stopped=True)
+        except (BufferCorruptError, NotABufferError, TargetConflictError) as exc:
+            if shard.state == "sealed":
+                set_aside.append(layout.set_aside(shard, str(exc)))
+            else:  # a live shard's writers use it: it is not ours to move
+                left_out.append(f"live shard {shard.id} was not taken in ({exc}); it is set aside once sealed")
             continue
         read += 1
-        if shard.state == "sealed" and in_hub(hub, shard):
+        if shard.state == "sealed" and in_hub(layout, hub, shard):
             os.replace(shard.path, layout.ingested / shard.path.name)
-    return IngestResult(copied, read, tuple(set_aside))
+    return IngestResult(copied, read, tuple(set_aside), tuple(left_out))
 
 
-def in_hub(hub: Storage, shard: Shard) -> bool:
+def in_hub(layout: Layout, hub: Storage, shard: Shard) -> bool:
     """Whether the hub's cursors cover every record and config entry of the shard."""
-    with ShardReader.of(shard) as reader:
+    with ShardReader.of(layout, shard) as reader:
         found = reader.writers()
         if pending_in(reader, hub_cursors(hub, shard.id)):
             return False
@@ -74,12 +92,15 @@ def in_hub(hub: Storage, shard: Shard) -> bool:
         )
 
 
-def _ingest_shard(hub: Storage, shard: Shard) -> int:
-    with ShardReader.of(shard) as reader:
+def _ingest_shard(layout: Layout, hub: Storage, shard: Shard, stop: Callable[[], bool] | None) -> int:
+    with ShardReader.of(layout, shard, stop) as reader:
         found = reader.writers()
         if not found:
             return 0
         cursors = hub_cursors(hub, shard.id)
+        # Everything is checked before anything is copied.
+        reader.check_rows(min(_after(found, cursors).values()))
+        _check_targets(hub, shard, found)
         hub_ids = {}
         for w in found.values():
             hub_ids[w.id], _ = hub.register_writer(
@@ -91,6 +112,21 @@ def _ingest_shard(hub: Storage, shard: Shard) -> int:
             copied += len(chunk)
         _ingest_config(reader, hub, shard.id, found, hub_ids)
         return copied
+
+
+def _check_targets(hub: Storage, shard: Shard, found: dict[int, ShardWriter]) -> None:
+    """Raise TargetConflictError if a run of the shard names a W&B target the hub's run of that name does not have."""
+    with hub.begin_read() as conn:
+        rows = conn.execute(sa.select(runs.c.name, runs.c.wandb_id, runs.c.project, runs.c.entity))
+        stored = {name: Target(wandb_id, project, entity) for name, wandb_id, project, entity in rows}
+    for w in found.values():
+        if w.run in stored:
+            try:
+                merge_target(stored[w.run], w.target, w.run)
+            except TargetConflictError as exc:
+                raise TargetConflictError(
+                    f"shard {shard.id} holds run {w.run!r} with another W&B target: {exc}"
+                ) from None
 
 
 def _after(found: dict[int, ShardWriter], cursors: dict[tuple[str, str], int]) -> dict[int, int]:

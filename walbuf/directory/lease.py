@@ -26,7 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import StorageError
-from ..store.sqlite import flock_held
+from ..store.flock import held
+from ..store.sqlite import COMPANIONS, harden
+from ..store.trust import Owner
 from .layout import Layout, Shard, rotate_seconds
 
 _log = logging.getLogger(__name__)
@@ -42,7 +44,7 @@ class Lease:
     def __init__(self, layout: Layout, host: str) -> None:
         self.layout, self.host = layout, host
         age = rotate_seconds()
-        layout.make()
+        owner = layout.make()
         with layout.rotate_lock(host):
             now = time.time_ns()
             newest = next(reversed(layout.shards("live", host)), None)
@@ -51,9 +53,9 @@ class Lease:
             else:
                 gen = max(now, newest.gen + 1 if newest else 0)
             self.path = layout.live(host) / f"{gen:020d}.db"
-            # Made now, under the lock, so that the next process joins it.
-            self.path.touch()
-            self._fd = os.open(f"{self.path}.inuse", os.O_RDWR | os.O_CREAT, 0o644)
+            # Made now (owner-only), under the lock, so that the next process joins it.
+            os.close(owner.open(self.path, os.O_WRONLY, create=True))
+            self._fd = owner.open(Path(f"{self.path}.inuse"), os.O_RDWR, create=True, private=True)
             fcntl.flock(self._fd, fcntl.LOCK_SH)
         self.gen = gen
         self.expires = gen / 1e9 + age
@@ -94,10 +96,11 @@ def seal_if_unused(layout: Layout, host: str, path: Path, *, here: str | None = 
     which no process anywhere can hold the file open against. Raises
     StorageError if the shard cannot be read or written.
     """
+    owner = layout.own()
     with layout.rotate_lock(host):
-        if not path.exists():
+        if owner.entry(path) is None:
             return False
-        fd = os.open(f"{path}.inuse", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = owner.open(Path(f"{path}.inuse"), os.O_RDWR, create=True, private=True)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -105,7 +108,7 @@ def seal_if_unused(layout: Layout, host: str, path: Path, *, here: str | None = 
                 return False
             _log.info("sealing shard %s.%d of host %s: no process uses it", host, int(path.stem), host)
             try:
-                damage = _seal(layout, host, path, foreign=here not in (None, host))
+                damage = _seal(layout, owner, host, path, foreign=here not in (None, host))
             except _Busy:
                 return False  # a reader holds it (walbuf status on its host, say): the next sync seals it
             outcome: bool | str = True
@@ -117,9 +120,12 @@ def seal_if_unused(layout: Layout, host: str, path: Path, *, here: str | None = 
             os.close(fd)
 
 
-def in_use(path: Path) -> bool:
-    """Whether a process holds the live shard at ``path`` (its shared flock). Needs only read access."""
-    return flock_held(Path(f"{path}.inuse"))
+def in_use(layout: Layout, path: Path) -> bool:
+    """Whether a process holds the live shard at ``path`` (its shared flock).
+
+    Needs only read access to the lock file (PermissionError without it).
+    """
+    return held(Path(f"{path}.inuse"), layout.owner)
 
 
 def seal_unused(layout: Layout, here: str) -> Sealing:
@@ -138,14 +144,18 @@ def seal_unused(layout: Layout, here: str) -> Sealing:
     return done
 
 
-def _seal(layout: Layout, host: str, path: Path, *, foreign: bool) -> str | None:
+def _seal(layout: Layout, owner: Owner, host: str, path: Path, *, foreign: bool) -> str | None:
     """Seal the shard (the caller holds it exclusively); what SQLite finds damaged instead, if anything."""
+    # SQLite opens the companions by name: each must be the owner's file.
+    for suffix in COMPANIONS:
+        owner.entry(Path(f"{path}{suffix}"))
     # Every committed record moves from the WAL into the file, and the file
     # leaves WAL mode: from now on it needs no -wal or -shm, so it can be read
     # from any host, and nothing writes it again.
     try:
         conn = sqlite3.connect(path, isolation_level=None)
         try:
+            harden(conn)
             conn.execute("PRAGMA busy_timeout=10000")
             if foreign:
                 # Before the first access: no shared memory (the WAL index is
@@ -164,12 +174,13 @@ def _seal(layout: Layout, host: str, path: Path, *, foreign: bool) -> str | None
         if "locked" in message or "busy" in message:
             raise _Busy from exc
         raise StorageError(f"shard {path} could not be sealed ({message}); nothing was changed") from exc
-    fd = os.open(path, os.O_RDONLY)
+    fd = owner.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
     gen = int(path.stem)
+    owner.folder(layout.sealed, make=True)
     os.replace(path, layout.sealed / f"{host}.{gen}.db")
     for leftover in (f"{path}-wal", f"{path}-shm"):
         if os.path.exists(leftover):
@@ -183,7 +194,7 @@ class _Busy(Exception):
 
 
 def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         os.fsync(fd)
     finally:

@@ -17,19 +17,23 @@ import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 import sqlalchemy as sa
 
 from ..buffer import DatabaseBuffer, Location, open_buffer
 from ..directory import DirectoryBuffer
-from ..directory.layout import Shard, host_name, rotate_seconds
+from ..directory.layout import Layout, Shard, host_name, rotate_seconds
 from ..directory.lease import in_use
-from ..errors import BufferNotFoundError, NotABufferError, StorageError
+from ..errors import BufferNotFoundError, NotABufferError, StorageError, UntrustedPathError
 from ..store import Storage
 from ..store.backend import Backend
-from ..store.schema import HEAD_REVISION, KNOWN_REVISIONS, syncs
-from ..store.sqlite import SQLiteBackend
+from ..store.schema import HEAD_REVISION, KNOWN_REVISIONS, foreign_objects, syncs
+from ..store.sqlite import COMPANIONS, SQLiteBackend, harden
+from ..store.trust import Owner
 from .status import read_runs
+
+_UNTRUSTED_ADVICE = "see docs/security.md: find out who made it and why before you remove it"
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,15 @@ def doctor(buffer: Location) -> DoctorReport:
 def _database(findings: list[Finding], buffer: DatabaseBuffer) -> None:
     backend = buffer.backend
     if isinstance(backend, SQLiteBackend):
-        readable, revision = _file_findings(findings, backend.path)
+        try:
+            owner = Owner.of(backend.path, write=False)
+            if owner.folder(backend.locks):
+                for lock in sorted(backend.locks.iterdir()):
+                    owner.entry(lock)
+        except UntrustedPathError as exc:
+            findings.append(Finding("trust", False, str(exc), _UNTRUSTED_ADVICE))
+            return
+        readable, revision = _file_findings(findings, backend.path, owner)
     else:
         readable, revision = True, _server_findings(findings, backend)
     if readable:
@@ -109,11 +121,23 @@ def _contents(findings: list[Finding], revision: str | None, buffer: DatabaseBuf
 
 
 def _directory(findings: list[Finding], buffer: DirectoryBuffer) -> None:
-    """The hub as a one-file buffer (in rollback-journal mode), then each shard not yet ingested."""
+    """What walbuf does not open there, the hub as a one-file buffer (rollback journal), each shard not yet ingested."""
     add = findings.append
     layout = buffer.layout
-    if layout.hub.exists():
-        readable, revision = _file_findings(findings, layout.hub, journal="delete")
+    try:
+        strangers = layout.strangers()
+    except UntrustedPathError as exc:  # the buffer's own folder or one of walbuf's in it
+        add(Finding("trust", False, str(exc), _UNTRUSTED_ADVICE))
+        return
+    for stranger in strangers:
+        add(Finding("not opened", False, stranger.why, _UNTRUSTED_ADVICE))
+    try:
+        hub_there = layout.owner.entry(layout.hub) is not None
+    except UntrustedPathError as exc:
+        add(Finding("trust", False, str(exc), _UNTRUSTED_ADVICE))
+        return
+    if hub_there:
+        readable, revision = _file_findings(findings, layout.hub, layout.owner, journal="delete")
         if readable:
             _contents(findings, revision, buffer)
     else:
@@ -127,16 +151,17 @@ def _directory(findings: list[Finding], buffer: DirectoryBuffer) -> None:
     try:
         for shard in layout.shards():
             if shard.state != "ingested":
-                add(_shard_finding(buffer, shard, hub, host, age, now))
+                add(_shard_finding(buffer, layout, shard, hub, host, age, now))
         for path, why in layout.quarantined():
             add(
                 Finding(
                     f"shard {path.stem}",
                     False,
-                    f"damaged, set aside by a sync in quarantine/ ({why}): its records are not sent",
-                    f"recover what it holds with `sqlite3 {path} .recover | sqlite3 NEW.db`, then move NEW.db to"
-                    f" {layout.sealed / path.name} (the next sync takes in the records the hub lacks, none twice)"
-                    f" and delete {path} and its .why; or delete both to give its records up",
+                    f"set aside by a sync in quarantine/ ({why}): its records are not sent",
+                    f"if it is damaged, recover what it holds with `sqlite3 {path} .recover | sqlite3 NEW.db`;"
+                    " if it was refused, make sure it is yours and mend what the reason says in a copy, NEW.db."
+                    f" Then move NEW.db to {layout.sealed / path.name} (the next sync takes in the records the hub"
+                    f" lacks, none twice) and delete {path} and its .why; or delete both to give its records up",
                 )
             )
     finally:
@@ -145,11 +170,15 @@ def _directory(findings: list[Finding], buffer: DirectoryBuffer) -> None:
 
 
 def _shard_finding(
-    buffer: DirectoryBuffer, shard: Shard, hub: Storage | None, host: str, age: float, now: float
+    buffer: DirectoryBuffer, layout: Layout, shard: Shard, hub: Storage | None, host: str, age: float, now: float
 ) -> Finding:
     name = f"shard {shard.id}"
+    try:
+        used = in_use(layout, shard.path) if shard.state == "live" else False
+    except PermissionError:
+        return Finding(name, True, f"live on {shard.host}; whether a process uses it, only its owner can tell")
     if shard.state == "live" and shard.host != host:
-        if not in_use(shard.path):
+        if not used:
             return Finding(
                 name,
                 False,
@@ -166,7 +195,7 @@ def _shard_finding(
             )
         return Finding(name, True, f"live on {shard.host}")
     if shard.state == "sealed":
-        damage = _integrity(shard)
+        damage = _integrity(layout, shard)
         if damage:
             return Finding(
                 name,
@@ -181,7 +210,7 @@ def _shard_finding(
         return Finding(name, False, str(exc), "see the message")
     if shard.state == "sealed":
         return Finding(name, True, f"sealed, {waiting} records not in the hub yet")
-    if not in_use(shard.path):
+    if not used:
         return Finding(
             name,
             False,
@@ -191,9 +220,9 @@ def _shard_finding(
     return Finding(name, True, f"in use on this host, {waiting} records not in the hub")
 
 
-def _integrity(shard: Shard) -> str:
+def _integrity(layout: Layout, shard: Shard) -> str:
     """What SQLite's integrity check finds wrong with a sealed shard ("" if nothing)."""
-    conn = sqlite3.connect(f"file:{shard.path}?mode=ro&immutable=1", uri=True)
+    conn = _connect(shard.path, layout.owner, immutable=True)
     try:
         result = conn.execute("PRAGMA integrity_check").fetchall()
     except sqlite3.DatabaseError as exc:
@@ -203,14 +232,27 @@ def _integrity(shard: Shard) -> str:
     return "" if result == [("ok",)] else "; ".join(r[0] for r in result[:3])
 
 
-def _file_findings(findings: list[Finding], path: Path, journal: str = "wal") -> tuple[bool, str | None]:
-    """Integrity and journal mode of a SQLite file; (whether it could be read, its schema revision)."""
+def _connect(path: Path, owner: Owner, *, immutable: bool) -> sqlite3.Connection:
+    """Plain sqlite3, read-only, on a file and companions checked to be the owner's (UntrustedPathError)."""
+    for suffix in ("", *COMPANIONS):
+        owner.entry(Path(f"{path}{suffix}"))
+    conn = sqlite3.connect(f"file:{quote(str(path))}?mode=ro{'&immutable=1' if immutable else ''}", uri=True)
+    harden(conn)
+    return conn
+
+
+def _file_findings(findings: list[Finding], path: Path, owner: Owner, journal: str = "wal") -> tuple[bool, str | None]:
+    """Integrity, journal mode and schema objects of a SQLite file; (whether it could be read, its schema revision)."""
     add = findings.append
     # Plain sqlite3, read-only: a damaged or too-new file must still be examined.
     # Without a -wal the file holds everything: read it immutable, which needs
     # no -shm (that a reader without write access could not create).
-    immutable = "" if Path(f"{path}-wal").exists() else "&immutable=1"
-    conn = sqlite3.connect(f"file:{path}?mode=ro{immutable}", uri=True)
+    immutable = owner.entry(Path(f"{path}-wal")) is None
+    try:
+        conn = _connect(path, owner, immutable=immutable)
+    except UntrustedPathError as exc:
+        add(Finding("trust", False, str(exc), _UNTRUSTED_ADVICE))
+        return False, None
     try:
         try:
             result = conn.execute("PRAGMA integrity_check").fetchall()
@@ -229,8 +271,8 @@ def _file_findings(findings: list[Finding], path: Path, journal: str = "wal") ->
         mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
         if immutable:
             # An immutable connection reports no WAL; the file header says (bytes 18-19: 2 = WAL).
-            with open(path, "rb") as file:
-                mode = "wal" if file.read(20)[18:20] == b"\x02\x02" else mode
+            header = owner.read(path, 20) or b""
+            mode = "wal" if header[18:20] == b"\x02\x02" else mode
         add(
             Finding(
                 "journal mode",
@@ -245,8 +287,19 @@ def _file_findings(findings: list[Finding], path: Path, journal: str = "wal") ->
             row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
         except sqlite3.OperationalError:
             row = None
+        strange = foreign_objects(conn.execute("SELECT type, name, tbl_name FROM sqlite_master").fetchall())
     finally:
         conn.close()
+    if strange and row is not None and row[0] in KNOWN_REVISIONS:
+        add(
+            Finding(
+                "schema objects",
+                False,
+                f"it holds {', '.join(strange[:5])}, which walbuf never makes: walbuf refuses it",
+                "a trigger or view runs in whoever opens the file: " + _UNTRUSTED_ADVICE,
+            )
+        )
+        return False, None
     return True, row[0] if row else None
 
 

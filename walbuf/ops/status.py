@@ -62,7 +62,8 @@ class ShardStatus:
     host: str
     state: Literal["live", "sealed"]
     created_at: float
-    not_in_hub: int | None  # records the next sync copies into the hub; None: another host's live shard
+    not_in_hub: int | None  # records the next sync copies into the hub; None: another host's live shard, or refused
+    refused: str | None = None  # why the next sync sets it aside instead (damaged, or holding what walbuf never writes)
 
 
 @dataclass(frozen=True)
@@ -71,8 +72,11 @@ class BufferStatus:
     runs: tuple[RunStatus, ...]
     # Of a directory buffer: its shards not yet ingested. Runs are the hub's.
     shards: tuple[ShardStatus, ...] = ()
-    # Of a directory buffer: damaged shards a sync set aside in quarantine/ ("HOST.GEN: why").
+    # Of a directory buffer: shards a sync set aside in quarantine/ ("HOST.GEN: why").
     damaged_shards: tuple[str, ...] = ()
+    # Of a directory buffer: what walbuf does not open there (another account's
+    # file, a symbolic link, a name walbuf does not give), a message each.
+    not_opened: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for JSON (dicts, lists, str, numbers, None): per run and writer at least ``records`` and ``pending``."""
@@ -102,13 +106,22 @@ def status(buffer: Location) -> BufferStatus:
             run_status = read_runs(conn)
     shard_status: list[ShardStatus] = []
     damaged: list[str] = []
+    strangers: list[str] = []
     if isinstance(located, DirectoryBuffer):
         shard_status = [
-            ShardStatus(e.shard.id, e.shard.host, "live" if e.shard.state == "live" else "sealed", e.shard.gen / 1e9, e.not_in_hub)
+            ShardStatus(
+                e.shard.id,
+                e.shard.host,
+                "live" if e.shard.state == "live" else "sealed",
+                e.shard.gen / 1e9,
+                e.not_in_hub,
+                e.refused,
+            )
             for e in located.backlog()
         ]
         damaged = [f"{path.stem}: {why}" for path, why in located.layout.quarantined()]
-    return BufferStatus(located.location, tuple(run_status), tuple(shard_status), tuple(damaged))
+        strangers = [stranger.why for stranger in located.layout.strangers()]
+    return BufferStatus(located.location, tuple(run_status), tuple(shard_status), tuple(damaged), tuple(strangers))
 
 
 def read_runs(conn: sa.Connection) -> list[RunStatus]:

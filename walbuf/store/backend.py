@@ -82,6 +82,9 @@ class Backend:
     def prepare(self) -> None:
         """Before the first connection of a buffer that is to be made."""
 
+    def check_files(self, access: Access) -> None:
+        """Before connecting: raise unless the files of the buffer are its owner's (see walbuf.store.trust)."""
+
     def lock(self, name: str) -> Lock:
         raise NotImplementedError
 

@@ -8,6 +8,7 @@ when it opens a buffer for writing (see walbuf.store.storage).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 import sqlalchemy as sa
 
@@ -177,26 +178,67 @@ quarantine = sa.Table(
 
 # The tables every revision has had: a database that has them all is a walbuf buffer.
 _ALWAYS = frozenset({"alembic_version", "runs", "writers", "records"})
+# Every table walbuf makes, of any revision: metric_keys was made by 0002 and dropped by 0008.
+WALBUF_TABLES = frozenset(metadata.tables) | {"alembic_version", "metric_keys"}
+
+
+def foreign_objects(objects: Iterable[tuple[str, str, str]]) -> list[str]:
+    """What a SQLite schema holds that walbuf never makes: a trigger, a view, another table or index.
+
+    ``objects`` are (type, name, table) rows of sqlite_master. Besides
+    walbuf's tables, their indexes for UNIQUE and PRIMARY KEY constraints
+    (``sqlite_autoindex_...``) and SQLite's statistics tables (data that
+    ANALYZE writes) are walbuf's.
+    """
+    found = []
+    for kind, name, table in objects:
+        if kind == "table" and (name in WALBUF_TABLES or name.startswith("sqlite_stat")):
+            continue
+        if kind == "index" and table in WALBUF_TABLES and name.startswith(f"sqlite_autoindex_{table}_"):
+            continue
+        found.append(f"{kind} {name!r}")
+    return found
 
 
 def buffer_revision(conn: sa.Connection, location: str) -> str | None:
     """The walbuf schema revision of the database on ``conn``; None for a database with no tables.
 
     Reads only. Raises NotABufferError for a database that holds tables but
-    not a walbuf buffer's.
+    not a walbuf buffer's, and for a SQLite buffer of a revision this walbuf
+    knows that holds anything walbuf never makes (a trigger or a view runs
+    code in whoever opens the file: a buffer is data, never code).
     """
-    tables = sorted(sa.inspect(conn).get_table_names())
+    objects: list[tuple[str, str, str]] = []
+    if conn.dialect.name == "sqlite":
+        objects = [tuple(row) for row in conn.exec_driver_sql("SELECT type, name, tbl_name FROM sqlite_master")]
+        tables = sorted(name for kind, name, _ in objects if kind == "table")
+    else:
+        tables = sorted(sa.inspect(conn).get_table_names())
     if _ALWAYS.issubset(tables):
         revision = conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar()
         if revision is not None:
+            if revision in KNOWN_REVISIONS:
+                check_objects(foreign_objects(objects), location)
             return str(revision)
     if not tables:
+        check_objects(foreign_objects(objects), location)
         return None
     shown = ", ".join(tables[:8]) + (", ..." if len(tables) > 8 else "")
     raise NotABufferError(
         f"{location} is a database, but not a walbuf buffer (its tables: {shown});"
         " give the path of a walbuf buffer, or a new path for a new one (nothing was changed)"
     )
+
+
+def check_objects(found: list[str], location: str) -> None:
+    """Raise NotABufferError naming what :func:`foreign_objects` found, if anything."""
+    if found:
+        shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
+        raise NotABufferError(
+            f"{location} holds {shown}, which walbuf never makes: walbuf refuses a buffer that holds code"
+            " (a trigger or a view runs in every process that uses it); if nobody you trust added it, another"
+            " account wrote to the buffer (see docs/security.md); nothing was changed"
+        )
 
 
 def inserted_id(result: sa.CursorResult[object]) -> int:

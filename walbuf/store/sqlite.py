@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import sqlite3
 from pathlib import Path
@@ -11,7 +10,6 @@ from typing import Any
 from urllib.parse import quote
 
 import sqlalchemy as sa
-from filelock import FileLock, Timeout
 
 from ..errors import (
     BufferBusyError,
@@ -21,7 +19,9 @@ from ..errors import (
     ConfigError,
     StorageError,
 )
-from .backend import INSERT_COLUMNS, Access, Appender, Backend, Durability, Lock
+from .backend import INSERT_COLUMNS, Access, Appender, Backend, Durability
+from .flock import FileLock, held
+from .trust import Owner, make_folders
 
 # Each commit appends the pages it changed to the WAL; a record is far smaller
 # than a page, so smaller pages mean less to write per log() and a shorter
@@ -30,8 +30,29 @@ from .backend import INSERT_COLUMNS, Access, Appender, Backend, Durability, Lock
 # of WAL) gave about 1.2x the records/s of SQLite's defaults (4 KiB, 1,000).
 PAGE_SIZE = 1024  # takes effect only when the database file is created
 WAL_AUTOCHECKPOINT = 10_000  # pages
+_INITIALIZE_WAIT = 60.0  # seconds a new buffer's maker waits for another one making it
 
 Journal = str  # "wal" or "delete"
+
+# The SQLite files of a database besides itself, which SQLite opens by name
+# (following links): each is checked first (see SQLiteBackend.check_files).
+COMPANIONS = ("-wal", "-shm", "-journal")
+
+
+def harden(conn: sqlite3.Connection) -> None:
+    """Make a connection treat the database as data, never code (every connection walbuf opens).
+
+    trusted_schema=OFF keeps triggers and views from calling functions with
+    side effects and from using virtual tables; SQLite's defensive mode
+    (where Python offers it, 3.12+) refuses writes that corrupt the file on
+    purpose. walbuf also refuses a database that holds any trigger or view
+    (walbuf.store.schema.foreign_objects), which trusted_schema alone would
+    still run.
+    """
+    conn.execute("PRAGMA trusted_schema=OFF")
+    defensive = getattr(sqlite3, "SQLITE_DBCONFIG_DEFENSIVE", None)
+    if defensive is not None:
+        conn.setconfig(defensive, True)  # type: ignore[attr-defined,unused-ignore]
 
 
 class SQLiteBackend(Backend):
@@ -41,22 +62,58 @@ class SQLiteBackend(Backend):
     it); the shards of a directory buffer share the directory's. ``journal``
     "delete" is for a database that processes on several hosts open in turn
     (a directory buffer's hub): WAL's index is shared memory of one host.
+    ``owner`` is the account its files must belong to (a directory buffer's
+    owner); by default the file's own (see walbuf.store.trust).
     """
 
     name = "sqlite"
 
-    def __init__(self, path: Path, *, locks: Path | None = None, journal: Journal = "wal") -> None:
+    def __init__(
+        self, path: Path, *, locks: Path | None = None, journal: Journal = "wal", owner: Owner | None = None
+    ) -> None:
         self.path = path
         self.url = sa.URL.create("sqlite", database=str(path))
         self.location = str(path)
         self.locks = locks if locks is not None else path.with_name(path.name + ".locks")
         self.journal = journal
+        self.owner = owner
 
     def exists(self) -> bool:
-        return self.path.exists()
+        return os.path.lexists(self.path)
+
+    def _owner(self, *, write: bool) -> Owner:
+        if self.owner is None:
+            return Owner.of(self.path, write=write)
+        if write:
+            self.owner.require_mine(self.path)
+        return self.owner
+
+    def check_files(self, access: Access) -> None:
+        """Raise unless the file and its companions (-wal, -shm, -journal) are the owner's files, none a link.
+
+        SQLite opens them by name: a link or another account's file there
+        would be read, or written, as the buffer. For writing, the owner
+        must be this process's account (BufferNotWritableError).
+        """
+        owner = self._owner(write=access != "read")
+        for suffix in ("", *COMPANIONS):
+            owner.entry(Path(f"{self.path}{suffix}"))
 
     def prepare(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        """Make the file owner-only (and its missing folders), before SQLite opens it.
+
+        SQLite makes its -wal, -shm and -journal with the file's mode. A
+        database of a directory buffer (the hub) gets the read bits its
+        owner granted (see walbuf.store.trust).
+        """
+        make_folders(self.path.parent)
+        try:
+            fd = self._owner(write=True).open(self.path, os.O_WRONLY | os.O_EXCL, create=True)
+        except FileExistsError:
+            return  # another process made it first: checked like any other
+        except OSError as exc:
+            raise self._os_error(exc) from exc
+        os.close(fd)
 
     def engine(
         self, durability: Durability, busy_timeout: float, access: Access, *, immutable: bool = False
@@ -67,6 +124,7 @@ class SQLiteBackend(Backend):
         def on_connect(dbapi_connection: sqlite3.Connection, _record: Any) -> None:
             # Autocommit at the driver: the "begin" event below emits BEGIN.
             dbapi_connection.isolation_level = None
+            harden(dbapi_connection)
             cursor = dbapi_connection.cursor()
             try:
                 cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
@@ -106,12 +164,20 @@ class SQLiteBackend(Backend):
         """
         if cursor.execute("PRAGMA journal_mode").fetchone()[0].lower() == self.journal:
             return  # a rollback journal is SQLite's default: nothing to set
-        with FileLock(self.lock_path("migrate.lock"), thread_local=False):
+        lock = self.lock("migrate")
+        if not lock.acquire(timeout=_INITIALIZE_WAIT):
+            raise BufferBusyError(
+                f"{self.path}: another process held {lock.path} for {_INITIALIZE_WAIT:g}s while making"
+                f" the buffer; find it with `fuser {lock.path}`, or try again"
+            )
+        try:
             mode = cursor.execute("PRAGMA journal_mode").fetchone()[0]
             if mode.lower() == self.journal:
                 return
             cursor.execute(f"PRAGMA page_size={PAGE_SIZE}")
             mode = cursor.execute(f"PRAGMA journal_mode={self.journal}").fetchone()[0]
+        finally:
+            lock.release()
         if mode.lower() != self.journal:
             raise ConfigError(
                 f"{self.path}: SQLite could not switch the buffer to {self.journal} mode"
@@ -139,19 +205,20 @@ class SQLiteBackend(Backend):
             f" {self.locks}/; use a buffer of your own, or ask its owner for write access"
         )
 
-    def lock_path(self, name: str) -> Path:
-        """The lock file ``name`` of this buffer (its directory is made if missing)."""
+    def lock(self, name: str) -> FileLock:
+        """The lock ``name`` of this buffer, in its lock folder (made owner-only if missing)."""
+        owner = self._owner(write=True)
         try:
-            self.locks.mkdir(parents=True, exist_ok=True)
+            owner.folder(self.locks, make=True, private=True)
         except OSError as exc:
             raise self._os_error(exc) from exc
-        return self.locks / name
-
-    def lock(self, name: str) -> Lock:
-        return _FileLock(self, name)
+        return _FileLock(self, self.locks / f"{name}.lock", owner)
 
     def lock_held(self, name: str) -> bool:
-        return flock_held(self.locks / f"{name}.lock")
+        owner = self._owner(write=False)
+        if not owner.folder(self.locks):
+            return False
+        return held(self.locks / f"{name}.lock", owner)
 
     def _os_error(self, exc: OSError) -> Exception:
         if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
@@ -214,47 +281,18 @@ class SQLiteBackend(Backend):
         return StorageError(f"{path}: {message}")
 
 
-def flock_held(path: Path) -> bool:
-    """Whether a process holds a flock on ``path`` (False if there is no such file).
+class _FileLock(FileLock):
+    """A lock of the buffer whose failures to open are walbuf's errors (no permission: BufferNotWritableError)."""
 
-    A probe on a descriptor opened for reading: it needs no write access and
-    creates nothing. (It holds the lock for an instant if it is free.)
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # and with it the probe's lock
-    return False
-
-
-class _FileLock:
-    """A kernel file lock in the buffer's lock folder (made when first taken)."""
-
-    def __init__(self, backend: SQLiteBackend, name: str) -> None:
+    def __init__(self, backend: SQLiteBackend, path: Path, owner: Owner) -> None:
+        super().__init__(path, owner)
         self._backend = backend
-        self._name = f"{name}.lock"
-        self._lock: FileLock | None = None
 
     def acquire(self, timeout: float) -> bool:
-        if self._lock is None:
-            self._lock = FileLock(self._backend.lock_path(self._name), thread_local=False)
         try:
-            self._lock.acquire(timeout=timeout)
-        except Timeout:
-            return False
+            return super().acquire(timeout)
         except OSError as exc:  # a lock file this process may not open for writing
             raise self._backend._os_error(exc) from exc
-        return True
-
-    def release(self) -> None:
-        if self._lock is not None:
-            self._lock.release()
 
 
 class _SQLiteAppender:

@@ -25,7 +25,7 @@ from ..errors import (
     SchemaOutdatedError,
     WriterConflictError,
 )
-from ..record import Record, read_metrics
+from ..record import Record, Value, read_metrics
 from .backend import DURABILITY_LEVELS, Access, Appender, Backend, Durability, Lock
 from .schema import (
     HEAD_REVISION,
@@ -44,6 +44,23 @@ from .sqlite import SQLiteBackend
 from .target import Target, set_target
 
 DEFAULT_BUSY_TIMEOUT = 60.0  # seconds; a writer waits this long for the write lock
+
+
+def stored_metrics(text: str, writer: str, step: int, quarantined: str | None, location: str) -> dict[str, Value]:
+    """A record's metrics as read back (see record.read_metrics); BufferCorruptError for what walbuf does not store.
+
+    A quarantined record (the reason says why a sync set it aside) that
+    cannot be read comes back with no metrics.
+    """
+    try:
+        return read_metrics(text)
+    except ValueError as exc:
+        if quarantined is not None:
+            return {}
+        raise BufferCorruptError(
+            f"{location}: the record of writer {writer!r} at step {step} is not what walbuf stores ({exc});"
+            " the next walbuf sync quarantines it"
+        ) from None
 
 
 def writer_lock_name(run: str, writer: str) -> str:
@@ -82,6 +99,7 @@ class Storage:
             if access != "create":
                 raise BufferNotFoundError(f"no buffer at {self.location}")
             backend.prepare()
+        backend.check_files(access)
         # Set when the buffer is read as an immutable file: its state then.
         self._immutable_state: tuple[int, int, int] | None = None
         self.engine = backend.engine(durability, busy_timeout, access)
@@ -377,4 +395,5 @@ class Storage:
             query = query.where(writers.c.name == writer)
         with self.begin_read() as conn:
             for row in conn.execution_options(yield_per=1000).execute(query):
-                yield Record(row[0], row[1], row[2], row[3], read_metrics(row[4]), row[5])
+                metrics = stored_metrics(row[4], row[1], row[2], row[5], self.location)
+                yield Record(row[0], row[1], row[2], row[3], metrics, row[5])

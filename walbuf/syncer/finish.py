@@ -53,10 +53,10 @@ def outcome(storage: Storage, buffer: Buffer, run: str) -> int | None:
         return None
     if row.wandb_id is None:
         return None  # never uploaded: there is no W&B run to finish
-    if isinstance(buffer, DirectoryBuffer) and (
-        any(s.state != "ingested" for s in buffer.layout.shards()) or buffer.layout.quarantined()
-    ):
-        return None  # records of this run may still be in a shard the hub has not taken in (or set aside)
+    if isinstance(buffer, DirectoryBuffer):
+        scan = buffer.layout.scan()
+        if any(s.state != "ingested" for s in scan.shards) or scan.strangers or buffer.layout.quarantined():
+            return None  # records of this run may be in a shard the hub has not taken in (or set aside, or refused)
     died = False
     for member in members:
         if member.closed_at is not None:

@@ -41,6 +41,7 @@ from ..store import Storage, Target
 from ..store.target import check_target
 from ..store.schema import syncs
 from ..store.sqlite import SQLiteBackend
+from ..store.trust import Owner, make_folders
 from .budget import Budget, OutOfTime
 from .finish import outcome
 from .plan import plan, runs_to_sync
@@ -111,11 +112,12 @@ def sync(
     if not acquired:
         raise SyncLockedError(_locked_message(located, wait))
     try:
-        storage, set_aside = located.open_for_sync()
+        source = located.open_for_sync(budget.spent)
+        storage = source.storage
         with storage, _wandb_folder(storage, directory, mode) as folder:
             done = []
-            stopped = False
-            for name in runs_to_sync(storage, run, run_id):
+            stopped = source.stopped
+            for name in runs_to_sync(storage, run, run_id) if not stopped else ():
                 if budget.spent():
                     stopped = True
                     break
@@ -123,7 +125,9 @@ def sync(
                 if report is not None:
                     done.append(report)
                     stopped = stopped or report.cut_short
-            return SyncResult(runs=tuple(done), stopped_early=stopped, set_aside=set_aside)
+            return SyncResult(
+                runs=tuple(done), stopped_early=stopped, set_aside=source.set_aside, refused=source.refused
+            )
     finally:
         lock.release()
 
@@ -197,11 +201,18 @@ def _dry_run(buffer: Buffer, run: str | None, overrides: Target, mode: SyncMode,
                 if found is not None:
                     planned.append(found.report)
     not_in_hub = unreadable = 0
+    refused: tuple[str, ...] = ()
     if isinstance(buffer, DirectoryBuffer):
-        counts = [entry.not_in_hub for entry in buffer.backlog()]
-        not_in_hub = sum(n for n in counts if n is not None)
-        unreadable = counts.count(None)
-    return SyncResult(runs=tuple(planned), dry_run=True, not_in_hub=not_in_hub, unreadable_shards=unreadable)
+        backlog = buffer.backlog()
+        not_in_hub = sum(e.not_in_hub for e in backlog if e.not_in_hub is not None)
+        unreadable = sum(1 for e in backlog if e.not_in_hub is None and e.refused is None)
+        refused = (
+            *(f"the next sync sets shard {e.shard.id} aside: {e.refused}" for e in backlog if e.refused is not None),
+            *(stranger.why for stranger in buffer.layout.strangers()),
+        )
+    return SyncResult(
+        runs=tuple(planned), dry_run=True, not_in_hub=not_in_hub, unreadable_shards=unreadable, refused=refused
+    )
 
 
 @contextmanager
@@ -218,8 +229,12 @@ def _wandb_folder(storage: Storage, directory: str | os.PathLike[str] | None, mo
         if directory is not None:
             yield Path(directory)
         elif isinstance(storage.backend, SQLiteBackend):
+            # Beside the buffer's file (in a directory buffer: inside it), so the
+            # buffer's owner's, and owner-only: never a link, never another account's.
             path = storage.backend.path
-            yield path.with_name(path.name + ".wandb")
+            folder = path.with_name(path.name + ".wandb")
+            Owner.of(path, write=True).folder(folder, make=True)
+            yield folder
         else:
             raise ConfigError(
                 f"{storage.location} is not a file, so there is no folder beside it for the"
@@ -234,14 +249,21 @@ def _wandb_folder(storage: Storage, directory: str | os.PathLike[str] | None, mo
 
 
 def _cache_folder() -> str:
-    """walbuf's folder for a sync's working files, made if missing."""
+    """walbuf's folder for a sync's working files, made owner-only if missing.
+
+    Its folders (walbuf/ and walbuf/sync/) must be this account's and no
+    link (UntrustedPathError): wandb writes the run's data there.
+    """
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    folder = os.path.join(base, "walbuf", "sync")
+    folder = Path(base, "walbuf", "sync")
     try:
-        os.makedirs(folder, exist_ok=True)
+        make_folders(folder)
     except OSError:
-        return tempfile.gettempdir()  # no home to write to (a bare cron environment, say)
-    return folder
+        return tempfile.gettempdir()  # no home to write to (a bare cron environment, say); mkdtemp is owner-only
+    me = Owner(os.geteuid())
+    for path in (folder.parent, folder):
+        me.folder(path)
+    return str(folder)
 
 
 def _locked_message(buffer: Buffer, wait: float) -> str:

@@ -210,7 +210,12 @@ class _Replay:
 
         Claims its keys for its writer's axis (see walbuf.syncer.metrics).
         """
-        values = decode(metrics)
+        try:
+            values = decode(metrics)
+        except (ValueError, RecursionError) as exc:  # a buffer is untrusted input: what a writer cannot have written
+            return {}, (), f"its stored metrics are not JSON walbuf writes ({type(exc).__name__}: {exc})"
+        if type(values) is not dict:
+            return {}, (), "its stored metrics are not a JSON object"
         shape = (writer_id, *values)
         known = self._known.get(shape)
         if (
@@ -332,7 +337,13 @@ def _config(
     changes = []
     refused = []
     for entry_id, writer_id, kind, key, text in entries:
-        value, writer, values = json.loads(text), plan.writers[writer_id].name, merged[kind]
+        writer, values = plan.writers[writer_id].name, merged[kind]
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError) as exc:  # untrusted input, as a record's metrics
+            if entry_id > synced:
+                refused.append(RefusedSetting(kind, key, writer, f"its stored value is not JSON walbuf writes ({exc})"))
+            continue
         try:
             encode_config({key: value}, kind)
         except (MetricTypeError, MetricValueError) as exc:

@@ -186,6 +186,13 @@ class WandbRun:
             try:
                 png = png_of(value)
                 with pil.open(io.BytesIO(png)) as decoded:  # in memory: what fails is the data
+                    # open() read the header only. What the buffer says of the
+                    # image bounds what decoding it takes: no more than log() let in.
+                    if decoded.size != (value["width"], value["height"]):
+                        raise RowRefused(
+                            f"image {key!r} is stored as {value['width']}x{value['height']} pixels, but its PNG"
+                            f" is {decoded.width}x{decoded.height}: walbuf does not write such an image"
+                        )
                     decoded.load()
             except (MetricValueError, OSError, SyntaxError, ValueError, pil.DecompressionBombError) as exc:
                 raise RowRefused(f"image {key!r} cannot be read: {_describe(exc)}") from exc
