@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import grp
 import logging
 import math
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -13,6 +15,7 @@ import threading
 import uuid
 from contextlib import contextmanager
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -240,3 +243,72 @@ def as_reader(command: list[str]) -> list[str]:
     if setpriv is None:
         pytest.skip("running as root without setpriv(1) (util-linux): cannot drop CAP_DAC_OVERRIDE")
     return [setpriv, "--bounding-set", "-dac_override,-dac_read_search,-fowner", *command]
+
+
+# -- a second account, for what another user of shared storage can do --------------------
+
+COTENANT = "walbuf-cotenant"
+PROJECT_GROUP = "walbuf-project"
+
+
+@dataclass(frozen=True)
+class Account:
+    """Another account of this machine, in a project group with the suite's own (root)."""
+
+    name: str
+    uid: int
+    gid: int
+    group: int  # the project group's id
+
+    def command(self, command: list[str]) -> list[str]:
+        """``command`` run as this account, with none of root's capabilities (setpriv(1))."""
+        return ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", f"--groups={self.group}", "--", *command]
+
+    def run(self, script: str) -> subprocess.CompletedProcess[str]:
+        """A shell script run as this account (its tools are /bin's: /root, and with it Python, it cannot enter)."""
+        return subprocess.run(self.command(["/bin/sh", "-c", script]), capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture(scope="session")
+def cotenant() -> Account:
+    """A second account (made if missing), as a co-tenant of a group project directory or of scratch.
+
+    Only root can make one: a run that is not root fails in CI and skips
+    elsewhere, saying so.
+    """
+    missing = [tool for tool in ("setpriv", "useradd", "groupadd") if shutil.which(tool) is None]
+    if os.geteuid() != 0 or missing:
+        message = (
+            "the shared-storage tests need a second account, which only a suite run as root can make"
+            + (f" (and {', '.join(missing)})" if missing else "")
+        )
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    subprocess.run(["groupadd", "-f", PROJECT_GROUP], check=True)
+    try:
+        pwd.getpwnam(COTENANT)
+    except KeyError:
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "-G", PROJECT_GROUP, COTENANT],
+            check=True,
+        )
+    account = pwd.getpwnam(COTENANT)
+    return Account(COTENANT, account.pw_uid, account.pw_gid, grp.getgrnam(PROJECT_GROUP).gr_gid)
+
+
+@pytest.fixture
+def shared_folders(cotenant):
+    """(scratch, project): a world-writable scratch folder (1777) and a group project folder (2770, the project group's)."""
+    top = Path(tempfile.mkdtemp(prefix="walbuf-shared-", dir="/tmp"))
+    top.chmod(0o755)
+    scratch, project = top / "scratch", top / "project"
+    scratch.mkdir()
+    scratch.chmod(0o1777)
+    project.mkdir()
+    os.chown(project, 0, cotenant.group)
+    project.chmod(0o2770)
+    try:
+        yield scratch, project
+    finally:
+        shutil.rmtree(top)
