@@ -135,3 +135,26 @@ def test_buffer_at_an_older_revision_is_upgraded_keeping_its_records(buffer):
 
 
 KNOWN_OLDEST = schema.KNOWN_REVISIONS[0]
+
+
+# A trigger that would rewrite every record a writer logs: what a co-tenant could plant.
+TRIGGERS = {
+    "sqlite": ["CREATE TRIGGER rewrite AFTER INSERT ON records BEGIN UPDATE records SET metrics = '{}'; END"],
+    "postgresql": [
+        "CREATE FUNCTION rewrite() RETURNS trigger AS $$ BEGIN NEW.metrics := '{}'; RETURN NEW; END $$"
+        " LANGUAGE plpgsql",
+        "CREATE TRIGGER rewrite BEFORE INSERT ON records FOR EACH ROW EXECUTE FUNCTION rewrite()",
+    ],
+}
+
+
+def test_a_buffer_holding_a_trigger_is_refused_before_it_can_run(buffer, backend):
+    make_buffer(buffer)
+    for statement in TRIGGERS[backend]:
+        run_sql(buffer, statement)
+    with pytest.raises(walbuf.NotABufferError, match="trigger 'rewrite'"):
+        with walbuf.Writer(buffer, writer="w") as w:
+            w.log({"i": 1})
+    with pytest.raises(walbuf.NotABufferError, match="trigger 'rewrite'"):
+        list(walbuf.read(buffer))
+    assert run_sql(buffer, "SELECT metrics FROM records") == [('{"i":0}',)]

@@ -218,7 +218,8 @@ def buffer_revision(conn: sa.Connection, location: str) -> str | None:
         revision = conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar()
         if revision is not None:
             if revision in KNOWN_REVISIONS:
-                check_objects(foreign_objects(objects), location)
+                found = foreign_objects(objects) if conn.dialect.name == "sqlite" else _postgres_code(conn)
+                check_objects(found, location)
             return str(revision)
     if not tables:
         check_objects(foreign_objects(objects), location)
@@ -228,6 +229,27 @@ def buffer_revision(conn: sa.Connection, location: str) -> str | None:
         f"{location} is a database, but not a walbuf buffer (its tables: {shown});"
         " give the path of a walbuf buffer, or a new path for a new one (nothing was changed)"
     )
+
+
+def _postgres_code(conn: sa.Connection) -> list[str]:
+    """The triggers and rules on walbuf's tables in the current PostgreSQL schema: code that would run in walbuf's sessions.
+
+    (Another application's tables may share the schema; only walbuf's own are looked at.)
+    """
+    tables = sorted(WALBUF_TABLES)
+    triggers = conn.execute(
+        sa.text(
+            "SELECT t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = current_schema() AND NOT t.tgisinternal AND c.relname = ANY(:tables)"
+        ),
+        {"tables": tables},
+    ).scalars()
+    rules = conn.execute(
+        sa.text("SELECT rulename FROM pg_rules WHERE schemaname = current_schema() AND tablename = ANY(:tables)"),
+        {"tables": tables},
+    ).scalars()
+    return [f"trigger {name!r}" for name in triggers] + [f"rule {name!r}" for name in rules]
 
 
 def check_objects(found: list[str], location: str) -> None:
