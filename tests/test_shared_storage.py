@@ -615,3 +615,116 @@ def test_a_writer_on_another_accounts_buffer_gets_a_clear_refusal_and_writes_not
         walbuf.Writer(location, writer="mine", run="exp")
     assert modes(tmp_path) == before
     assert {r.writer for r in walbuf.read(location)} == {"trainer"}  # reading it is fine
+
+
+# -- reading a shard is bounded: memory, time, signals ------------------------------------
+
+
+def test_a_value_over_the_bound_in_a_shard_is_never_read_and_the_shard_is_set_aside(server, tmp_path):
+    buffer = tmp_path / "exp"
+    log(str(buffer) + "/", writer="kept")
+    log(str(buffer) + "/", writer="huge")
+    huge = sorted((buffer / "sealed").iterdir())[-1]
+    with sqlite3.connect(huge) as conn:  # 68 MB of text where a record's metrics go
+        conn.execute("UPDATE records SET metrics = '{\"x\": \"' || hex(zeroblob(34000000)) || '\"}' WHERE step = 1")
+    conn.close()
+    proc = run_sync(server, buffer)
+    assert proc.returncode == 3, proc.stderr
+    assert "holds a value over 67,108,864 bytes" in proc.stderr
+    assert (buffer / "quarantine" / huge.name).exists()
+    (fake_run,) = server.runs.values()
+    assert [step for step, _ in rows_of(fake_run, "kept")] == [0, 1, 2]
+
+
+def test_a_sync_out_of_time_before_it_takes_in_a_shard_copies_nothing_and_the_next_sends_each_record_once(
+    server, tmp_path
+):
+    buffer = tmp_path / "exp"
+    log(str(buffer) + "/", n=5)
+    # A bound of 1 s keeps all of it (at least 1 s) for wandb's finish: nothing is taken in.
+    proc = run_sync(server, buffer, "--max-seconds", "1", quiet=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "stopped at the --max-records or --max-seconds bound" in proc.stdout
+    assert len(list((buffer / "sealed").iterdir())) == 1 and server.runs == {}
+    assert run_sync(server, buffer).returncode == 0
+    (fake_run,) = server.runs.values()
+    assert [step for step, _ in rows_of(fake_run, "trainer")] == [0, 1, 2, 3, 4]
+
+
+def big_shard(buffer: Path, records: int) -> Path:
+    with walbuf.Writer(str(buffer) + "/", writer="trainer", run="exp") as w:
+        for i in range(records):
+            w.log({"i": i})
+    (shard,) = (buffer / "sealed").iterdir()
+    return shard
+
+
+def test_a_shard_read_ends_once_the_callers_stop_says_so(tmp_path):
+    from walbuf.directory.layout import Layout
+    from walbuf.directory.shard import ReadStopped, ShardReader
+
+    buffer = tmp_path / "exp"
+    shard = big_shard(buffer, 30_000)  # reading it takes SQLite past PROGRESS_STEPS
+    layout = Layout(buffer)
+    (found,) = layout.shards()
+    with ShardReader.of(layout, found, stop=lambda: True) as reader:
+        writers = {w: 0 for w in reader.writers()}
+        with pytest.raises(ReadStopped, match=f"reading shard {shard} stopped"):
+            for _ in reader.records_after(writers):
+                pass
+
+
+def test_a_signal_that_arrives_while_sqlite_reads_a_shard_ends_the_read_with_its_exception(tmp_path):
+    import signal
+
+    from walbuf.directory.layout import Layout
+    from walbuf.directory.shard import ShardReader
+
+    class Terminated(KeyboardInterrupt):
+        pass
+
+    def on_sigterm(signum, frame):
+        raise Terminated("SIGTERM")
+
+    buffer = tmp_path / "exp"
+    big_shard(buffer, 30_000)
+    layout = Layout(buffer)
+    (found,) = layout.shards()
+    sent = []
+
+    def signal_once() -> bool:  # called by SQLite, mid-statement: the signal arrives there
+        if not sent:
+            sent.append(signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return False
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        with ShardReader.of(layout, found, stop=signal_once) as reader:
+            writers = {w: 0 for w in reader.writers()}
+            with pytest.raises(Terminated):
+                for _ in reader.records_after(writers):
+                    pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert sent
+
+
+def test_a_sync_stopped_by_sigterm_while_it_takes_in_a_shard_exits_143_and_the_next_sends_each_record_once(
+    server, tmp_path
+):
+    buffer = tmp_path / "exp"
+    big_shard(buffer, 20_000)
+    syncer = subprocess.Popen(
+        [sys.executable, "-m", "walbuf", "sync", str(buffer)],
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env={**os.environ, **server.env()},
+    )
+    for line in syncer.stderr:
+        if "taking in shard" in line:
+            break  # walbuf says so just before it opens the shard
+    syncer.send_signal(subprocess.signal.SIGTERM)
+    syncer.stderr.read()
+    assert syncer.wait(timeout=120) == 143
+    assert run_sync(server, buffer, timeout=300).returncode == 0
+    (fake_run,) = server.runs.values()
+    assert [step for step, _ in rows_of(fake_run, "trainer")] == list(range(20_000))

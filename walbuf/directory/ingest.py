@@ -25,6 +25,7 @@ reason, until it is sealed.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +38,8 @@ from ..store.schema import config_entries, records, runs, shard_cursors
 from ..store.target import merge_target
 from .layout import Layout, Shard
 from .shard import ReadStopped, ShardReader, ShardRecord, ShardWriter
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,9 @@ def ingest(layout: Layout, hub: Storage, host: str, stop: Callable[[], bool] | N
     left_out: list[str] = []
     layout.own().folder(layout.ingested, make=True)
     for shard in layout.readable_shards(host):
+        if stop is not None and stop():
+            return IngestResult(copied, read, tuple(set_aside), tuple(left_out), stopped=True)
+        _log.info("taking in shard %s", shard.id)
         try:
             copied += _ingest_shard(layout, hub, shard, stop)
         except ReadStopped:

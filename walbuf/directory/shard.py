@@ -277,15 +277,17 @@ class ShardReader:
         outside any try, and sqlite3 would drop it; here it surfaces at the
         yield, inside the try, and is kept for _translate to raise again.
         """
+        verdict = 0
         while True:
             try:
                 while True:
-                    yield 1 if self._stop is not None and self._stop() else 0
+                    yield verdict  # where the first next() stops: nothing is asked before SQLite asks
+                    verdict = 1 if self._stop is not None and self._stop() else 0
             except GeneratorExit:  # the reader is gone
                 return
             except BaseException as exc:  # raised by a signal handler: kept, and raised again by _translate
                 self._stopped = exc
-                yield 1
+                verdict = 1
 
     @contextmanager
     def _translate(self) -> Iterator[None]:
