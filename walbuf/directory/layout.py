@@ -22,7 +22,6 @@ file of another account (or a shard one of whose -wal, -shm or -journal is).
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import socket
@@ -33,7 +32,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
-from ..errors import BufferBusyError, ConfigError, UntrustedPathError
+from ..errors import ConfigError, UntrustedPathError
+from ..store.backend import holding
 from ..store.flock import FileLock
 from ..store.trust import Owner, make_folders, shown
 
@@ -63,8 +63,6 @@ _ROOT = frozenset(
 _NFS_SILLY = re.compile(r"\.nfs[0-9A-Fa-f]+")
 
 ShardState = Literal["live", "sealed", "ingested"]
-
-_log = logging.getLogger(__name__)
 
 
 def host_name() -> str:
@@ -266,20 +264,13 @@ class Layout:
         owner.folder(self.root / "live", make=True, private=True)
         owner.folder(self.live(host), make=True, private=True)
         lock = FileLock(self.live(host) / "rotate.lock", owner)
-        if not lock.acquire(timeout=0):
-            _log.info(
-                "waiting up to %gs for %s: another process is choosing or sealing a shard of %s",
-                ROTATE_WAIT, lock.path, host,
-            )
-            if not lock.acquire(timeout=ROTATE_WAIT):
-                raise BufferBusyError(
-                    f"{lock.path} stayed held for {ROTATE_WAIT:g}s: a process that chooses or seals a shard of"
-                    f" host {host} does not let go; find it with `fuser {lock.path}` on {host}"
-                )
-        try:
+        waiting = f"{lock.path}: another process is choosing or sealing a shard of {host}"
+        busy = (
+            f"{lock.path} stayed held for {ROTATE_WAIT:g}s: a process that chooses or seals a shard of"
+            f" host {host} does not let go; find it with `fuser {lock.path}` on {host}"
+        )
+        with holding(lock, ROTATE_WAIT, waiting, busy):
             yield
-        finally:
-            lock.release()
 
     def _private_names(self, folder: Path) -> list[tuple[str, Path]]:
         """The names in one of the owner-only folders (live/, live/HOST/, locks/): none for another account.

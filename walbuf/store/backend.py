@@ -19,11 +19,14 @@ commit, and those that start later draw larger ids.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Literal, Protocol
 
 import sqlalchemy as sa
 
-from ..errors import StorageError
+from ..errors import BufferBusyError, StorageError
 
 Durability = Literal["normal", "fsync"]
 """How far a committed record is safe: "normal" against the writer's death, "fsync" against power loss."""
@@ -49,6 +52,26 @@ class Lock(Protocol):
         """Take the lock, waiting up to ``timeout`` seconds; False if it stayed taken."""
 
     def release(self) -> None: ...
+
+
+_log = logging.getLogger(__name__)
+
+
+@contextmanager
+def holding(lock: Lock, seconds: float, waiting: str, busy: str) -> Iterator[None]:
+    """Hold ``lock`` for the block, waiting up to ``seconds`` for another process to let go of it.
+
+    While it waits, walbuf's log says ``waiting``; if the lock stays taken,
+    BufferBusyError says ``busy`` (what holds it, how to find it).
+    """
+    if not lock.acquire(timeout=0):
+        _log.info("waiting up to %gs for %s", seconds, waiting)
+        if not lock.acquire(timeout=seconds):
+            raise BufferBusyError(busy)
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 class Appender(Protocol):

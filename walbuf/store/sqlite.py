@@ -19,7 +19,7 @@ from ..errors import (
     ConfigError,
     StorageError,
 )
-from .backend import INSERT_COLUMNS, Access, Appender, Backend, Durability
+from .backend import INSERT_COLUMNS, Access, Appender, Backend, Durability, holding
 from .flock import FileLock, held
 from .trust import Owner, make_folders
 
@@ -165,19 +165,14 @@ class SQLiteBackend(Backend):
         if cursor.execute("PRAGMA journal_mode").fetchone()[0].lower() == self.journal:
             return  # a rollback journal is SQLite's default: nothing to set
         lock = self.lock("migrate")
-        if not lock.acquire(timeout=_INITIALIZE_WAIT):
-            raise BufferBusyError(
-                f"{self.path}: another process held {lock.path} for {_INITIALIZE_WAIT:g}s while making"
-                f" the buffer; find it with `fuser {lock.path}`, or try again"
-            )
-        try:
+        waiting = f"{lock.path}: another process is making the buffer {self.path}"
+        busy = f"{waiting}, and held the lock for {_INITIALIZE_WAIT:g}s; find it with `fuser {lock.path}`, or try again"
+        with holding(lock, _INITIALIZE_WAIT, waiting, busy):
             mode = cursor.execute("PRAGMA journal_mode").fetchone()[0]
             if mode.lower() == self.journal:
                 return
             cursor.execute(f"PRAGMA page_size={PAGE_SIZE}")
             mode = cursor.execute(f"PRAGMA journal_mode={self.journal}").fetchone()[0]
-        finally:
-            lock.release()
         if mode.lower() != self.journal:
             raise ConfigError(
                 f"{self.path}: SQLite could not switch the buffer to {self.journal} mode"

@@ -26,7 +26,7 @@ from ..errors import (
     WriterConflictError,
 )
 from ..record import Record, Value, read_metrics
-from .backend import DURABILITY_LEVELS, Access, Appender, Backend, Durability, Lock
+from .backend import DURABILITY_LEVELS, Access, Appender, Backend, Durability, Lock, holding
 from .schema import (
     HEAD_REVISION,
     buffer_revision,
@@ -147,20 +147,14 @@ class Storage:
                 f" {HEAD_REVISION}, and reading changes nothing: write it once to upgrade it"
                 " (walbuf sync, or a writer), then read it again"
             )
-        lock = self.lock("migrate")
-        if not lock.acquire(timeout=DEFAULT_BUSY_TIMEOUT):
-            raise BufferBusyError(
-                f"{self.location}: another process kept upgrading the schema for"
-                f" {DEFAULT_BUSY_TIMEOUT:g}s; find it, or try again"
-            )
-        try:
+        waiting = f"another process upgrading the schema of {self.location}"
+        busy = f"{self.location}: {waiting} kept at it for {DEFAULT_BUSY_TIMEOUT:g}s; find it, or try again"
+        with holding(self.lock("migrate"), DEFAULT_BUSY_TIMEOUT, waiting, busy):
             with self.begin_write() as conn:
                 revision = buffer_revision(conn, self.location)
                 if revision != HEAD_REVISION:
                     check_known(revision, self.location)
                     upgrade(conn)
-        finally:
-            lock.release()
 
     def _file_state(self) -> tuple[int, int, int] | None:
         return self.backend.file_state() if isinstance(self.backend, SQLiteBackend) else None
