@@ -88,6 +88,16 @@ def opened_to_the_group(buffer: Path, folder: Path, cotenant):
         subprocess.run(["chmod", "-R", "go-w", str(buffer)], check=True)
 
 
+def made_and_synced_at_umask_002(server, buffer: Path) -> None:
+    """A directory buffer logged to and synced under umask 002, the umask of group project work."""
+    old = os.umask(0o002)
+    try:
+        log(str(buffer) + "/")
+        assert run_sync(server, buffer).returncode == 0
+    finally:
+        os.umask(old)
+
+
 def plant(cotenant, script):
     proc = cotenant.run(script)
     assert proc.returncode == 0, f"the co-tenant could not plant it: {proc.stderr}"
@@ -170,12 +180,7 @@ def test_a_buffer_made_at_umask_002_in_a_project_folder_leaves_the_cotenant_no_f
 ):
     _, project = shared_folders
     buffer = project / "exp"
-    old = os.umask(0o002)
-    try:
-        log(str(buffer) + "/")
-        assert run_sync(server, buffer).returncode == 0
-    finally:
-        os.umask(old)
+    made_and_synced_at_umask_002(server, buffer)
     for folder in ("", "live", f"live/{HOST}", "sealed", "ingested", "locks"):
         proc = cotenant.run(f"ln -s /etc/passwd {buffer / folder}/planted")
         assert proc.returncode != 0 and "Permission denied" in proc.stderr, folder
@@ -446,12 +451,7 @@ def test_a_lock_file_planted_as_a_link_is_never_followed(server, shared_folders,
 def test_the_cotenant_cannot_open_a_lock_file_to_hold_it(server, shared_folders, cotenant):
     _, project = shared_folders
     buffer = project / "exp"
-    old = os.umask(0o002)
-    try:
-        log(str(buffer) + "/")
-        assert run_sync(server, buffer).returncode == 0
-    finally:
-        os.umask(old)
+    made_and_synced_at_umask_002(server, buffer)
     held = cotenant.run(f"flock --nonblock {buffer}/locks/sync.lock true")
     assert held.returncode != 0 and "Permission denied" in held.stderr
     log(str(buffer) + "/", writer="later")
