@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 import subprocess
 import sys
 from collections import OrderedDict
@@ -135,8 +136,6 @@ def test_logging_does_not_import_numpy_or_torch(buffer):
 
 
 BAD_VALUES = {
-    "list": [1, 2],
-    "tuple": (1,),
     "set": {1},
     "bytes": b"x",
     "complex": 1j,
@@ -156,6 +155,29 @@ def test_bad_value_raises_type_error_naming_the_key_and_writes_nothing(buffer, k
             w.log({"fine": 2, "outer": {"bad": BAD_VALUES[kind]}})
         assert w.last_step == 0
     assert record_count(buffer) == 1
+
+
+def test_a_list_or_tuple_is_kept_as_a_list_as_w_and_bs_history_keeps_it(buffer):
+    with walbuf.Writer(buffer, writer="w") as w:
+        w.log({"eval": {"per_class_f1": [0.5, 0.25]}, "shape": (2, [3, math.nan]), "empty": []})
+    (record,) = walbuf.read(buffer)
+    assert record.metrics["eval/per_class_f1"] == [0.5, 0.25] and record.metrics["empty"] == []
+    assert record.metrics["shape"][:1] == [2] and math.isnan(record.metrics["shape"][1][1])
+
+
+@pytest.mark.parametrize("item", [object(), {"a": 1}, b"x", np.array([1.0])], ids=["object", "dict", "bytes", "array"])
+def test_a_list_holding_what_walbuf_does_not_store_names_the_item_and_writes_nothing(buffer, item):
+    with walbuf.Writer(buffer, writer="w") as w:
+        with pytest.raises(walbuf.MetricTypeError, match=r"'outer/bad\[1\]\[0\]'"):
+            w.log({"outer": {"bad": [1, [item]]}})
+    assert record_count(buffer) == 0
+
+
+def test_a_list_over_w_and_bs_value_limit_is_refused_and_nothing_is_written(buffer):
+    with walbuf.Writer(buffer, writer="w") as w:
+        with pytest.raises(walbuf.MetricValueError, match="'big' is a list of .* over W&B's limit"):
+            w.log({"big": [0.123456789] * 100_000})
+    assert record_count(buffer) == 0
 
 
 @pytest.mark.parametrize("key", [1, 2.5, None, ("a",), b"k"], ids=repr)

@@ -483,3 +483,29 @@ def test_writer_summary_arrives_in_the_runs_summary_later_value_winning(server, 
     summary = the_run(server, buffer).summary
     assert summary["best_accuracy"] == 0.7 and summary["checkpoint"] == "ckpt-1"
     assert config_of(the_run(server, buffer)) == {}  # summary is not config
+
+
+def test_records_logged_with_axis_values_are_plotted_there_even_when_the_values_go_back(server, buffer):
+    # A trainer's global step, as a job resumed from the checkpoint at step 5 sends it again.
+    with walbuf.Writer(buffer, writer="trainer", run="exp1", step_axis="global_step") as w:
+        for global_step in (4, 5, 6, 5, 6, 7):
+            w.log({"loss": float(global_step)}, axis=global_step)
+    assert [r.step for r in walbuf.read(buffer)] == [0, 1, 2, 3, 4, 5]  # the records keep their order
+    assert run_sync(server, buffer).returncode == 0
+    fake_run = the_run(server, buffer)
+    assert rows_of(fake_run, "trainer", axis="global_step") == [(s, {"loss": float(s)}) for s in (4, 5, 6, 5, 6, 7)]
+    assert fake_run.step_metric_of("trainer/loss") == "trainer/global_step"
+    assert fake_run.summary["trainer/global_step"] == 7
+
+
+def test_a_list_metric_arrives_as_the_list_w_and_b_keeps(server, buffer):
+    with walbuf.Writer(buffer, writer="eval", run="exp1") as w:
+        w.log({"per_class_f1": [0.5, 0.25], "nested": [[1, 2], [3]]})
+        w.log({"per_class_f1": [0.75, 0.5], "nested": []})
+    assert run_sync(server, buffer).returncode == 0
+    fake_run = the_run(server, buffer)
+    assert rows_of(fake_run, "eval") == [
+        (0, {"per_class_f1": [0.5, 0.25], "nested": [[1, 2], [3]]}),
+        (1, {"per_class_f1": [0.75, 0.5], "nested": []}),
+    ]
+    assert fake_run.summary["eval/per_class_f1"] == [0.75, 0.5]

@@ -336,3 +336,21 @@ def test_target_that_conflicts_with_the_stored_one_is_refused(buffer):
 def test_writer_id_or_axis_with_a_wildcard_is_refused(buffer, settings):
     with pytest.raises(walbuf.ConfigError, match=r"\*"):
         walbuf.Writer(buffer, **settings)
+
+
+def test_an_axis_value_is_kept_under_the_step_axis_name_and_the_step_counts_on(buffer):
+    with walbuf.Writer(buffer, writer="w", step_axis="global_step") as w:
+        assert w.log({"loss": 0.5}, axis=6) == 0
+        assert w.log({"loss": 0.4}, axis=5) == 1  # the axis may go back; the step never does
+    assert [(r.step, r.metrics) for r in walbuf.read(buffer)] == [
+        (0, {"loss": 0.5, "global_step": 6}),
+        (1, {"loss": 0.4, "global_step": 5}),
+    ]
+
+
+@pytest.mark.parametrize("axis, error", [(-1, walbuf.StepOrderError), (1.5, walbuf.ArgumentTypeError), (True, walbuf.ArgumentTypeError)])
+def test_an_axis_value_that_is_not_an_int_of_zero_or_more_is_refused_and_nothing_is_written(buffer, axis, error):
+    with walbuf.Writer(buffer, writer="w") as w:
+        with pytest.raises(error, match="axis"):
+            w.log({"loss": 0.5}, axis=axis)
+    assert list(walbuf.read(buffer)) == []

@@ -29,9 +29,9 @@ from .image import Image
 from .image import stored as stored_image
 
 Scalar = Union[int, float, bool, str, None]
-Value = Union[int, float, bool, str, None, Histogram, Image]
-"""A metric value as read back."""
-Stored = Union[int, float, bool, str, None, dict[str, Any]]
+Value = Union[int, float, bool, str, None, list[Any], Histogram, Image]
+"""A metric value as read back (a list holds scalars and lists)."""
+Stored = Union[int, float, bool, str, None, list[Any], dict[str, Any]]
 """A metric value as stored (a histogram or an image in its JSON form)."""
 
 _PRIMITIVE = frozenset({int, float, bool, str, type(None)})
@@ -87,9 +87,9 @@ def _convert(key: str, value: Any, what: str = "metric") -> Scalar:
         return converted
     raise MetricTypeError(
         f"metric {key!r} has a value of type {kind.__module__}.{kind.__qualname__}, "
-        "which walbuf does not store; log an int, float, bool, str, None, a numpy or "
-        "torch scalar, a walbuf.Histogram (of a list, array or tensor), a walbuf.Image, or a dict of those"
-        " (nothing was written)"
+        "which walbuf does not store; log an int, float, bool, str, None, a numpy or torch scalar,"
+        " a list of those (an array's .tolist()), a walbuf.Histogram (of a list, array or tensor),"
+        " a walbuf.Image, or a dict of those (nothing was written)"
     )
 
 
@@ -224,7 +224,34 @@ def _flatten_into(flat: dict[str, Stored], prefix: str, metrics: Mapping[Any, An
                 f"metric {name!r} is given twice (once nested, once with '/' in its key)"
                 " (nothing was written)"
             )
-        flat[name] = leaf if leaf is not None else _convert(name, value)
+        if isinstance(value, (list, tuple)):
+            flat[name] = _sequence(name, value, depth)
+        else:
+            flat[name] = leaf if leaf is not None else _convert(name, value)
+
+
+def _sequence(name: str, values: list[Any] | tuple[Any, ...], depth: int, *, whole: bool = True) -> list[Any]:
+    """A list or tuple of metric values (and of lists of them) as the list W&B's history keeps.
+
+    ``whole``: the metric's value itself, not a list inside it; W&B's limit
+    for one value applies to it as JSON.
+    """
+    if depth >= MAX_DEPTH:
+        raise MetricValueError(f"metric {name!r} holds lists nested more than {MAX_DEPTH} deep (nothing was written)")
+    out = [
+        _sequence(f"{name}[{i}]", item, depth + 1, whole=False)
+        if isinstance(item, (list, tuple))
+        else _convert(f"{name}[{i}]", item)
+        for i, item in enumerate(values)
+    ]
+    if whole:
+        size = len(encode_metrics({name: out}))
+        if size > MAX_VALUE_BYTES:
+            raise MetricValueError(
+                f"metric {name!r} is a list of {size:,} bytes as JSON, over W&B's limit of {MAX_VALUE_BYTES:,}"
+                " for one value (nothing was written)"
+            )
+    return out
 
 
 def _check_key(prefix: str, key: str, what: str, *, star: bool = False) -> None:

@@ -318,7 +318,7 @@ class Writer:
         """The step of the last record of this writer (None if it has none)."""
         return self._opened_here().last_step
 
-    def log(self, metrics: Mapping[str, Any], step: int | None = None) -> int:
+    def log(self, metrics: Mapping[str, Any], step: int | None = None, *, axis: int | None = None) -> int:
         """Append one record and commit it; return its step.
 
         Without ``step``, the step is the writer's last step plus one (0 for
@@ -328,9 +328,20 @@ class Writer:
         MetricTypeError/MetricValueError; a key that another writer of the
         run plots against another step axis in W&B (same name after their
         prefixes), KeyConflictError. On any error nothing is written.
+
+        ``axis`` is the record's value on the step axis in W&B when that is
+        not its step: a framework's own step (a trainer's global step),
+        which may go back, after a job resumed from a checkpoint, or repeat.
+        The step still orders the writer's records; the record keeps
+        ``axis`` under the step axis's name (and reads back so), and W&B
+        plots it there, as W&B's own framework loggers plot their step
+        metric. An int >= 0, else ArgumentTypeError or StepOrderError.
         """
         state = self._opened_here()
         flat = flatten(metrics, state.step_axis)
+        keys = flat
+        if axis is not None:
+            flat = {**flat, state.step_axis: _checked_step(axis, None, state.writer, "axis")}
         payload = encode_metrics(flat)
         check_line(payload, flat, state.prefix + "/")
         with self._lock:
@@ -343,8 +354,8 @@ class Writer:
             now = time.time()
             self._segment(state, now)
             assert state.appender is not None
-            if not state.axis_claimed or not state.claimed.issuperset(flat):
-                state.claim(flat)
+            if not state.axis_claimed or not state.claimed.issuperset(keys):
+                state.claim(keys)
             state.appender.append((state.writer_pk, step, now, payload))
             state.last_step = step
             return step
@@ -449,15 +460,15 @@ class Writer:
         return f"<walbuf.Writer run={self.settings.run!r} writer={writer!r} {state}>"
 
 
-def _checked_step(step: Any, last: int | None, writer: str) -> int:
+def _checked_step(step: Any, last: int | None, writer: str, what: str = "step") -> int:
     if isinstance(step, bool):
-        raise ArgumentTypeError(f"step must be an int, not bool ({step!r})")
+        raise ArgumentTypeError(f"{what} must be an int, not bool ({step!r})")
     try:
         value = operator.index(step)
     except TypeError:
-        raise ArgumentTypeError(f"step must be an int, not {type(step).__qualname__}") from None
+        raise ArgumentTypeError(f"{what} must be an int, not {type(step).__qualname__}") from None
     if not 0 <= value <= MAX_STEP:
-        raise StepOrderError(f"step must be between 0 and 2**63-1, not {value} (nothing was written)")
+        raise StepOrderError(f"{what} must be between 0 and 2**63-1, not {value} (nothing was written)")
     if last is not None and value < last:
         raise StepOrderError(
             f"step {value} goes backwards: writer {writer!r} is at step {last} (nothing was written)"
@@ -505,8 +516,8 @@ def init(buffer: Location | None = None, **options: Unpack[WriterOptions]) -> Wr
     return _default
 
 
-def log(metrics: Mapping[str, Any], step: int | None = None) -> int:
+def log(metrics: Mapping[str, Any], step: int | None = None, *, axis: int | None = None) -> int:
     """Log through the writer walbuf.init() made in this process; see :meth:`Writer.log`."""
     if _default is None:
         raise NoWriterError("walbuf.log() needs a writer: call walbuf.init(buffer, ...) first")
-    return _default.log(metrics, step=step)
+    return _default.log(metrics, step=step, axis=axis)

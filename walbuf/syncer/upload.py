@@ -216,6 +216,12 @@ class _Replay:
             return {}, (), f"its stored metrics are not JSON walbuf writes ({type(exc).__name__}: {exc})"
         if type(values) is not dict:
             return {}, (), "its stored metrics are not a JSON object"
+        writer = self.plan.writers[writer_id]
+        # A record logged with an axis value (Writer.log's ``axis``) holds it
+        # under the step axis's name: W&B plots it there instead of the step.
+        at = values.pop(writer.step_axis, step)
+        if type(at) is not int or at < 0:
+            return {}, (), f"its value on the step axis {writer.step_axis!r} is not an int >= 0"
         shape = (writer_id, *values)
         known = self._known.get(shape)
         if (
@@ -226,8 +232,7 @@ class _Replay:
             # The common case: the keys of a record of this writer found fine
             # before, plain values, and a payload that fits the line. Every
             # check would pass as it did then.
-            return dict(zip(known[0], (*values.values(), step, wall_time))), (), None
-        writer = self.plan.writers[writer_id]
+            return dict(zip(known[0], (*values.values(), at, wall_time))), (), None
         problem = _breaks_the_rules(values, metrics, writer)
         if problem is not None:
             return {}, (), problem
@@ -238,8 +243,8 @@ class _Replay:
         # Without a prefix the decoded record (a dict of its own) is the row.
         row: dict[str, object] = {prefix + key: value for key, value in values.items()} if prefix else values
         if PLAIN_TYPES.issuperset(map(type, values.values())) and len(self._known) < _KNOWN_MAX:
-            self._known[shape] = ((*row, writer.axis, "_timestamp"), line_room(len(values), writer.prefix + "/"))
-        row[writer.axis] = step
+            self._known[shape] = ((*row, writer.axis, "_timestamp"), line_room(len(values) + 1, writer.prefix + "/"))
+        row[writer.axis] = at
         # W&B's wall-clock axis shows when the record was logged, not synced.
         row["_timestamp"] = wall_time
         return row, needed, None
