@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
 
-    tracker = WalbufTracker(args.buffer, run="accelerate-example")
+    tracker = WalbufTracker(buffer=args.buffer, run="accelerate-example")
     accelerator = Accelerator(cpu=True, log_with=tracker)
     accelerator.init_trackers("accelerate-example", config={"lr": 0.05, "hidden": 4, "steps": args.steps})
 

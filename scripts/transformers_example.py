@@ -52,7 +52,7 @@ class EmbeddingImage(TrainerCallback):
             embeddings = model.get_input_embeddings().weight.detach()
             scaled = (embeddings - embeddings.min()) / (embeddings.max() - embeddings.min())
             image = walbuf.Image(scaled.numpy(), caption=f"embeddings at step {state.global_step}")
-            self.walbuf_callback.writer.log({"embeddings": image}, step=state.global_step)
+            self.walbuf_callback.writer.log({"embeddings": image}, axis=state.global_step)
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import walbuf
-from conftest import rows_of, run_sync
+from conftest import rows_of, run_sql, run_sync
 from walbuf import ConfigError
 from walbuf.integrations.accelerate import WalbufTracker
 
@@ -66,7 +66,7 @@ def test_two_processes_log_into_one_run_with_config_histogram_and_image(server, 
 
 def test_a_bad_setting_fails_when_the_tracker_is_made(tmp_path):
     with pytest.raises(ConfigError, match="durability"):
-        WalbufTracker(tmp_path / "b.db", durability="sometimes")  # type: ignore[arg-type]
+        WalbufTracker(buffer=tmp_path / "b.db", durability="sometimes")  # type: ignore[arg-type]
 
 
 def test_settings_default_from_the_environment_as_for_walbuf_init(tmp_path, monkeypatch):
@@ -78,13 +78,82 @@ def test_settings_default_from_the_environment_as_for_walbuf_init(tmp_path, monk
     tracker.log({"loss": 1.0}, step=7)
     tracker.finish()
     (record,) = walbuf.read(tmp_path / "env.db")
-    assert (record.run, record.writer, record.step, record.metrics) == ("from-env", "rank-3", 7, {"loss": 1.0})
+    assert (record.run, record.writer, record.step, record.metrics) == ("from-env", "rank-3", 0, {"loss": 1.0, "step": 7})
 
 
 def test_main_process_only_leaves_other_processes_silent(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "1")
-    tracker = WalbufTracker(tmp_path / "b.db", main_process_only=True)
+    tracker = WalbufTracker(buffer=tmp_path / "b.db", main_process_only=True)
     tracker.store_init_configuration({"lr": 0.1})
     tracker.log({"loss": 1.0}, step=0)
     tracker.finish()
     assert not (tmp_path / "b.db").exists()
+
+
+# -- Accelerate's tracker contracts (modeled on its test_tracking.py custom-tracker tests) --------------
+
+
+@pytest.fixture
+def accelerate_state():
+    """Accelerate's process-wide state, reset afterwards (an Accelerator in this process sets it)."""
+    from accelerate.state import AcceleratorState, PartialState
+
+    yield
+    AcceleratorState._reset_state(True)
+    PartialState._reset_state()
+
+
+def test_a_tracker_registered_by_name_writes_to_walbuf_buffer_and_takes_the_project_name(
+    tmp_path, monkeypatch, accelerate_state
+):
+    from accelerate import Accelerator
+    from accelerate.tracking import register_tracker_class
+
+    monkeypatch.setenv("WALBUF_BUFFER", str(tmp_path / "env.db"))
+    monkeypatch.chdir(tmp_path)
+    register_tracker_class(WalbufTracker)
+    accelerator = Accelerator(cpu=True, log_with="walbuf")
+    accelerator.init_trackers("some_project", config={"lr": 0.1})
+    accelerator.log({"loss": 1.0}, step=3)
+    accelerator.end_training()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["env.db", "env.db.locks"]
+    (record,) = walbuf.read(tmp_path / "env.db")
+    assert record.metrics == {"loss": 1.0, "step": 3}
+    (run,) = walbuf.status(tmp_path / "env.db").runs
+    assert run.project == "some_project"
+
+
+def test_a_buffer_given_where_accelerate_puts_its_project_name_is_refused_with_what_to_do(tmp_path):
+    with pytest.raises(ConfigError, match="give the buffer as buffer="):
+        WalbufTracker(str(tmp_path / "b.db"))
+
+
+def test_the_custom_tracker_flow_stores_config_records_and_closes(tmp_path, accelerate_state):
+    from accelerate import Accelerator
+
+    tracker = WalbufTracker(buffer=tmp_path / "b.db", run="exp", writer="w", prefix="")
+    accelerator = Accelerator(cpu=True, log_with=tracker)
+    accelerator.init_trackers("exp", config={"num_iterations": 12, "learning_rate": 1e-2, "some_boolean": False})
+    for step in (0, 1, 2, 1):  # the last as a resumed job sends it again
+        accelerator.log({"total_loss": 0.1 * step}, step=step)
+    buffer = walbuf.open_buffer(tmp_path / "b.db")
+    assert buffer.writer_alive("exp", "w")
+    accelerator.end_training()  # closes the writer: its W&B run may be finished at the next sync
+    assert not buffer.writer_alive("exp", "w")
+    assert [r.metrics["step"] for r in walbuf.read(tmp_path / "b.db")] == [0, 1, 2, 1]
+    config = {k: json.loads(v) for k, v in run_sql(tmp_path / "b.db", "SELECT key, value FROM config_entries")}
+    assert config == {"num_iterations": 12, "learning_rate": 1e-2, "some_boolean": False}
+
+
+def test_log_images_logs_walbuf_images_and_unknown_keywords_are_warned_once(tmp_path):
+    import numpy as np
+
+    tracker = WalbufTracker(buffer=tmp_path / "b.db")
+    with pytest.warns(UserWarning, match="'commit' is left out") as warned:
+        tracker.log_images({"samples": [np.zeros((2, 3), dtype=np.uint8), np.ones((2, 3))]}, step=1, commit=True)
+        tracker.log({"loss": 0.5}, step=1, commit=True)
+    assert len([w for w in warned if "commit" in str(w.message)]) == 2  # once for log_images, once for log
+    tracker.finish()
+    first, second = walbuf.read(tmp_path / "b.db")
+    assert {k: type(v).__name__ for k, v in first.metrics.items()} == {"samples/0": "Image", "samples/1": "Image", "step": "int"}
+    assert second.metrics == {"loss": 0.5, "step": 1}

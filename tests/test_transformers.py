@@ -6,13 +6,15 @@ names, with the arguments and model config, parameter histograms and an image.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 import walbuf
-from conftest import rows_of, run_sync
+from conftest import rows_of, run_sql, run_sync
 from test_accelerate import the_run, torchrun
 from walbuf import ConfigError
 from walbuf.integrations.transformers import WalbufCallback
@@ -60,7 +62,7 @@ def test_the_arguments_and_model_config_are_the_runs_config_and_end_figures_its_
 
 def test_parameter_histograms_and_the_image_arrive(trained):
     buffer, _, fake_run = trained
-    stored = {(r.step, key): value for r in walbuf.read(buffer) for key, value in r.metrics.items()}
+    stored = {(r.metrics[AXIS], key): value for r in walbuf.read(buffer) for key, value in r.metrics.items()}
     rows = dict(rows_of(fake_run, "rank-0", axis=AXIS))
     histogram = stored[(4, "parameters/transformer.wte.weight")]
     assert rows[4]["parameters/transformer.wte.weight"] == {
@@ -94,6 +96,107 @@ def test_settings_default_from_the_environment_and_are_checked_at_once(tmp_path,
     callback.on_log(None, SimpleNamespace(is_world_process_zero=True, global_step=5), None, logs={"eval_acc": 0.5})
     callback.close()
     (record,) = walbuf.read(tmp_path / "env.db")
-    assert (record.step, record.metrics) == (5, {"eval/acc": 0.5})
+    assert (record.run, record.step, record.metrics) == ("r", 0, {"eval/acc": 0.5, AXIS: 5})
     with pytest.raises(ConfigError, match="run"):
         WalbufCallback(run="")
+
+
+# -- the Trainer's event flow, as transformers' test_trainer_callback.py drives it: in this process --------
+
+
+class Regression(torch.nn.Module):
+    """y = a*x + b: a model the Trainer trains (it returns its loss), as transformers' tests' RegressionModel."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Parameter(torch.tensor(0.0))
+        self.b = torch.nn.Parameter(torch.tensor(0.0))
+
+    def forward(self, x, labels=None):
+        y = self.a * x + self.b
+        return {"loss": torch.nn.functional.mse_loss(y, labels), "logits": y} if labels is not None else {"logits": y}
+
+
+def regression_data(n=64):
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(n, generator=generator)
+    return [{"x": x[i], "labels": 2 * x[i] + 1} for i in range(n)]
+
+
+def a_trainer(tmp_path, callback, **arguments):
+    from transformers import Trainer, TrainingArguments
+
+    settings = dict(
+        output_dir=str(tmp_path / "out"), report_to="none", logging_steps=1, per_device_train_batch_size=8,
+        max_steps=4, save_steps=2, use_cpu=True, seed=0, disable_tqdm=True, learning_rate=0.1,
+    )
+    args = TrainingArguments(**{**settings, **arguments})
+    data = regression_data()
+    return Trainer(model=Regression(), args=args, train_dataset=data, eval_dataset=data, callbacks=[callback])
+
+
+def axis_values(buffer, key="train/loss"):
+    return [r.metrics[AXIS] for r in walbuf.read(buffer) if key in r.metrics]
+
+
+def test_a_job_resumed_from_its_checkpoint_logs_again_at_the_steps_it_logged(tmp_path):
+    buffer = tmp_path / "b.db"
+    a_trainer(tmp_path, WalbufCallback(buffer)).train()
+    resumed = a_trainer(tmp_path, WalbufCallback(buffer), max_steps=6)  # the job, preempted, started again
+    resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
+    assert axis_values(buffer) == [1, 2, 3, 4, 3, 4, 5, 6]
+
+
+def test_train_called_twice_on_one_trainer_logs_both(tmp_path):
+    buffer = tmp_path / "b.db"
+    trainer = a_trainer(tmp_path, WalbufCallback(buffer), max_steps=2)
+    trainer.train()
+    trainer.train()
+    assert axis_values(buffer) == [1, 2, 1, 2]
+
+
+def test_lists_from_compute_metrics_are_stored_as_w_and_bs_callback_stores_them(tmp_path):
+    import numpy as np
+
+    def compute_metrics(prediction):
+        return {"per_class_f1": [0.5, 0.25], "confusion": np.array([[1, 0], [0, 1]]), "kind": object}
+
+    buffer = tmp_path / "b.db"
+    trainer = a_trainer(tmp_path, WalbufCallback(buffer), max_steps=2)
+    trainer.compute_metrics = compute_metrics
+    trainer.train()
+    metrics = trainer.evaluate()
+    (record,) = [r for r in walbuf.read(buffer) if "eval/per_class_f1" in r.metrics]
+    assert record.metrics["eval/per_class_f1"] == [0.5, 0.25] == metrics["eval_per_class_f1"]
+    assert record.metrics["eval/confusion"] == [[1, 0], [0, 1]]
+    assert record.metrics["eval/kind"] == "builtins.object" and record.metrics[AXIS] == 2  # as wandb names a class
+
+
+def test_a_second_trainer_with_a_callback_of_its_own_in_one_process_logs_on(tmp_path):
+    buffer = tmp_path / "b.db"
+    for fold in range(2):  # a k-fold loop, a notebook run twice
+        a_trainer(tmp_path / str(fold), WalbufCallback(buffer), max_steps=2).train()
+    assert axis_values(buffer) == [1, 2, 1, 2]
+
+
+def test_evaluate_alone_stores_the_config_in_the_run_its_arguments_name(tmp_path):
+    buffer = tmp_path / "b.db"
+    trainer = a_trainer(tmp_path, WalbufCallback(buffer), run_name="my-run")
+    trainer.evaluate()
+    assert {r.run for r in walbuf.read(buffer)} == {"my-run"}
+    config = dict(run_sql(buffer, "SELECT key, value FROM config_entries"))
+    assert config["run_name"] == '"my-run"' and config["max_steps"] == "4"
+
+
+def test_hyperparameters_w_and_b_stores_as_text_are_stored_as_text(tmp_path):
+    import numpy as np
+
+    class Arguments:
+        def to_dict(self):
+            return {"complex": np.complex64(1 + 2j), "date": np.datetime64("2026-01-02"), "raw": np.bytes_(b"x")}
+
+    callback = WalbufCallback(tmp_path / "b.db")
+    callback.on_train_begin(Arguments(), SimpleNamespace(is_world_process_zero=True, global_step=0), None, model=None)
+    callback.close()
+    config = {k: json.loads(v) for k, v in run_sql(tmp_path / "b.db", "SELECT key, value FROM config_entries")}
+    assert config == {"complex": "(1+2j)", "date": "2026-01-02", "raw": "x"}

@@ -1,14 +1,20 @@
-"""An Accelerate tracker that writes to a walbuf buffer: ``Accelerator(log_with=WalbufTracker())``.
+"""An Accelerate tracker that writes to a walbuf buffer: ``Accelerator(log_with=WalbufTracker(buffer=...))``.
 
     from accelerate import Accelerator
     from walbuf.integrations.accelerate import WalbufTracker
 
-    tracker = WalbufTracker("runs/exp1.db", run="exp1")  # or WALBUF_BUFFER, WALBUF_RUN, ...
+    tracker = WalbufTracker(buffer="runs/exp1.db", run="exp1")  # or WALBUF_BUFFER, WALBUF_RUN, ...
     accelerator = Accelerator(log_with=tracker)
-    accelerator.init_trackers("exp1", config={"lr": 1e-3})   # the config, stored once
-    accelerator.log({"loss": loss}, step=step)               # the main process
-    tracker.log({"loss": local_loss}, step=step)             # any process, each a writer of its own
+    accelerator.init_trackers("my-project", config={"lr": 1e-3})  # the config, stored once
+    accelerator.log({"loss": loss}, step=step)                    # the main process
+    tracker.log({"loss": local_loss}, step=step)                  # any process, each a writer of its own
     accelerator.end_training()
+
+Or by name, as Accelerate's own trackers (Accelerate >= 1.15)::
+
+    register_tracker_class(WalbufTracker)
+    accelerator = Accelerator(log_with="walbuf")                  # the buffer: WALBUF_BUFFER
+    accelerator.init_trackers("my-project")                       # the W&B project, as for W&B's tracker
 
 It never imports wandb: each process appends to the buffer (a local
 commit), and `walbuf sync` uploads later. Accelerate runs ``init_trackers``,
@@ -30,9 +36,11 @@ from accelerate.state import PartialState  # type: ignore[import-untyped]
 from accelerate.tracking import GeneralTracker  # type: ignore[import-untyped]
 
 from ..buffer import Location
+from ..errors import ConfigError
+from ..image import Image
 from ..settings import WriterOptions, WriterSettings
 from ..writer import Writer
-from .values import plain_config, plain_metric
+from .framework import FrameworkWriter
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -41,15 +49,24 @@ if TYPE_CHECKING:
 class WalbufTracker(GeneralTracker):
     """An Accelerate ``GeneralTracker`` whose run is a walbuf writer.
 
-    ``buffer`` and ``options`` are the settings of :func:`walbuf.init`
-    (``run``, ``writer``, ``prefix``, ``step_axis``, ``durability``,
-    ``project``, ``entity``, ``run_id``), each defaulting from the
-    environment as there: the writer id is rank-$RANK under ``accelerate
-    launch`` or ``torchrun``, its keys are logged under that prefix (give
-    ``prefix=""`` for keys as logged). They are checked here, so a bad one
-    fails before training starts (ConfigError). Accelerate does not pass
-    ``init_trackers``' project name to a tracker made by the user: give the
-    W&B project as ``project=`` (or WANDB_PROJECT when syncing).
+    ``run_name`` is Accelerate's project name, which it passes to a tracker
+    it makes by name (``init_trackers("my-project")`` after
+    ``register_tracker_class``): as for W&B's tracker, it is the W&B project
+    unless ``project=`` is given. ``buffer`` and ``options`` are the settings
+    of :func:`walbuf.init` (``run``, ``writer``, ``prefix``, ``step_axis``,
+    ``durability``, ``project``, ``entity``, ``run_id``), each defaulting
+    from the environment as there (the buffer: $WALBUF_BUFFER): the writer
+    id is rank-$RANK under ``accelerate launch`` or ``torchrun``, its keys
+    are logged under that prefix (give ``prefix=""`` for keys as logged).
+    They are checked here, so a bad one fails before training starts
+    (ConfigError).
+
+    ``log``'s step is the record's value on the step axis: it may go back
+    (a job resumed from a checkpoint) without moving another record. Values
+    are stored as W&B's tracker stores them (lists as lists, an array of
+    more than 32 values as a histogram, an object as its text); a key
+    walbuf cannot store, and a keyword argument walbuf has no use for, are
+    left out with a warning, never an error.
 
     ``main_process_only``: when true, :meth:`log` and
     :meth:`store_init_configuration` do nothing outside the main process;
@@ -64,41 +81,67 @@ class WalbufTracker(GeneralTracker):
 
     def __init__(
         self,
-        buffer: Location | None = None,
+        run_name: str | None = None,
         *,
+        buffer: Location | None = None,
         main_process_only: bool = False,
         **options: Unpack[WriterOptions],
     ) -> None:
         super().__init__()
+        if run_name is not None:
+            if "/" in run_name or run_name.endswith(".db"):
+                raise ConfigError(
+                    f"WalbufTracker's first argument is Accelerate's project name, not a buffer ({run_name!r});"
+                    " give the buffer as buffer=..."
+                )
+            if options.get("project") is None:
+                options["project"] = run_name
         # Resolved in the process that makes the tracker: a relative path
         # against its working directory, and its environment's run.
-        self._settings = WriterSettings.resolve(buffer, **options)
+        self._log = FrameworkWriter(WriterSettings.resolve(buffer, **options))
         self.main_process_only = main_process_only
-        self._writer: Writer | None = None
 
     @property
     def tracker(self) -> Writer:
         """This process's walbuf Writer, opened on first use."""
-        if self._writer is None or self._writer.closed:
-            self._writer = Writer.from_settings(self._settings)
-        return self._writer
+        return self._log.writer
 
     def store_init_configuration(self, values: Mapping[str, Any]) -> None:
-        """Store ``values`` as the run's config (what W&B's config cannot hold, as its str())."""
-        if self._skipped():
-            return
-        self.tracker.config({str(k): plain_config(v) for k, v in values.items()})
+        """Store ``values`` as the run's config (what W&B's config cannot hold, as its text)."""
+        if not self._skipped():
+            self._log.config(values)
 
     def log(self, values: Mapping[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        """Log ``values`` (0-d tensors taken as numbers) as one record at ``step`` (default: the next)."""
+        """Log ``values`` as one record at ``step`` (default: the last step logged)."""
+        self._unused(kwargs, "log")
+        if not self._skipped():
+            self._log.log(values, axis=step)
+
+    def log_images(self, values: Mapping[str, list[Any]], step: int | None = None, **kwargs: Any) -> None:
+        """Log images (numpy arrays, PIL images, file paths): a list of them per key, as W&B's tracker takes.
+
+        One image is logged as its key, several as ``key/0``, ``key/1``, ...
+        """
+        self._unused(kwargs, "log_images")
         if self._skipped():
             return
-        self.tracker.log({k: plain_metric(v) for k, v in values.items()}, step=step)
+        record = {}
+        for key, images in values.items():
+            for i, image in enumerate(images):
+                name = key if len(images) == 1 else f"{key}/{i}"
+                try:
+                    record[name] = Image(image)
+                except (TypeError, ValueError, ImportError) as exc:  # walbuf's MetricTypeError, ...ValueError, MissingExtraError
+                    self._log.warn(f"image {name}", f"image {name!r} was left out: {exc}")
+        self._log.log(record, axis=step)
 
     def finish(self) -> None:
         """Close this process's writer (it is opened again if the tracker logs again)."""
-        if self._writer is not None:
-            self._writer.close()
+        self._log.close()
+
+    def _unused(self, kwargs: Mapping[str, Any], method: str) -> None:
+        for name in kwargs:
+            self._log.warn(f"{method} {name}", f"{method}'s {name!r} is left out: walbuf has no use for it")
 
     def _skipped(self) -> bool:
         return self.main_process_only and not _is_main_process()

@@ -18,6 +18,7 @@ Needs the extra: pip install 'walbuf[transformers]'.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -26,9 +27,9 @@ from transformers import TrainerCallback
 
 from ..buffer import Location
 from ..histogram import Histogram
-from ..settings import ENV_STEP_AXIS, WriterOptions, WriterSettings
+from ..settings import ENV_RUN, ENV_STEP_AXIS, WriterOptions, WriterSettings
 from ..writer import Writer
-from .values import plain_config, plain_metric
+from .framework import FrameworkWriter
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -46,22 +47,31 @@ class WalbufCallback(TrainerCallback):
     (``run``, ``writer``, ``prefix``, ``step_axis``, ``durability``,
     ``project``, ``entity``, ``run_id``), each defaulting from the
     environment as there, except the step axis: $WALBUF_STEP_AXIS, else
-    "train/global_step". They are checked here (ConfigError), before
-    training starts.
+    "train/global_step", and the run: $WALBUF_RUN, else the
+    ``TrainingArguments``' ``run_name``, else "default". They are checked
+    here (ConfigError), before training starts.
 
     As W&B's callback does: each ``on_log`` is one record at the trainer's
-    global step, with ``eval_*`` keys renamed ``eval/*``, ``test_*``
-    ``test/*`` and the others ``train/*``; the end-of-training figures
-    (``train_runtime``, ``train_loss``, ...) go to the run's summary; at
-    the start of training the ``TrainingArguments`` and the model's config
-    (and ``model/num_parameters``) become the run's config. With
-    ``prefix=""`` the W&B run has exactly the names W&B's callback gives.
+    global step (its value on the step axis: a job resumed from a checkpoint
+    logs again at the steps it logged before, and nothing fails), with
+    ``eval_*`` keys renamed ``eval/*``, ``test_*`` ``test/*`` and the others
+    ``train/*``; values as W&B's callback stores them (a list from
+    ``compute_metrics`` as a list, an array of more than 32 values as a
+    histogram, an object as its text), and a key walbuf cannot store left
+    out with a warning, never an error; the end-of-training figures
+    (``train_runtime``, ``train_loss``, ...) go to the run's summary; at the
+    first event (of ``train``, ``evaluate`` or ``predict``) the
+    ``TrainingArguments`` and the model's config (and
+    ``model/num_parameters``) become the run's config. With ``prefix=""``
+    the W&B run has exactly the names W&B's callback gives.
 
     ``main_process_only``: only the world's process zero writes; otherwise
     every process does. ``log_parameters``: each record of the training
     also holds a 64-bin :class:`walbuf.Histogram` of each parameter, named
-    ``parameters/<name>`` as ``wandb.watch`` names them (needs numpy). Records are committed when the call returns; the
-    writer closes when the process exits (or at :meth:`close`).
+    ``parameters/<name>`` as ``wandb.watch`` names them (needs numpy).
+    Records are committed when the call returns. The writer closes at the
+    end of training (another ``train()``, or another Trainer's callback in
+    this process, opens it again) and when the process exits.
     """
 
     def __init__(
@@ -74,59 +84,75 @@ class WalbufCallback(TrainerCallback):
     ) -> None:
         if options.get("step_axis") is None:
             options["step_axis"] = os.environ.get(ENV_STEP_AXIS) or STEP_AXIS
-        self._settings = WriterSettings.resolve(buffer, **options)
+        # The run comes from TrainingArguments.run_name unless given here or in the environment.
+        self._run_given = options.get("run") is not None or bool(os.environ.get(ENV_RUN))
+        self._log = FrameworkWriter(WriterSettings.resolve(buffer, **options))
+        self._set_up = False
         self.main_process_only = main_process_only
         self.log_parameters = log_parameters
-        self._writer: Writer | None = None
 
     @property
     def writer(self) -> Writer:
         """This process's walbuf Writer, opened on first use."""
-        if self._writer is None or self._writer.closed:
-            self._writer = Writer.from_settings(self._settings)
-        return self._writer
+        return self._log.writer
 
     def close(self) -> None:
         """Close this process's writer (it opens again if the Trainer logs again)."""
-        if self._writer is not None:
-            self._writer.close()
+        self._log.close()
 
     def _writes(self, state: Any) -> bool:
         return not self.main_process_only or bool(state.is_world_process_zero)
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
-        if not self._writes(state):
+    def _setup(self, args: Any, state: Any, model: Any) -> None:
+        """At the first event: the run (``run_name``), and the arguments and model config as the run's config."""
+        if self._set_up or not self._writes(state):
             return
+        self._set_up = True
+        run_name = getattr(args, "run_name", None)
+        if not self._run_given and isinstance(run_name, str) and run_name:
+            self._log.settings = dataclasses.replace(self._log.settings, run=run_name)
         config: dict[str, Any] = {}
         model_config = getattr(model, "config", None)
         if model_config is not None:
             config.update(model_config if isinstance(model_config, dict) else model_config.to_dict())
-        config.update(args.to_dict())
+        if args is not None:
+            config.update(args.to_dict())
         num_parameters = getattr(model, "num_parameters", None)
         if callable(num_parameters):
             config["model/num_parameters"] = num_parameters()
-        self.writer.config({str(k): plain_config(v) for k, v in config.items()})
+        self._log.config(config)
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        self._setup(args, state, model)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._log.close()
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        self._setup(args, state, model)
 
     def on_log(
         self, args: Any, state: Any, control: Any, model: Any = None, logs: Mapping[str, Any] | None = None, **kwargs: Any
     ) -> None:
+        self._setup(args, state, model)
         if logs is None or not self._writes(state):
             return
-        summary = {k: plain_metric(v) for k, v in logs.items() if k in SUMMARY_ONLY}
+        summary = {k: v for k, v in logs.items() if k in SUMMARY_ONLY}
         history = _renamed({k: v for k, v in logs.items() if k not in SUMMARY_ONLY})
         if summary:
-            self.writer.summary(summary)
+            self._log.summary(summary)
         if not history:
             return
         if self.log_parameters and model is not None and "train/loss" in history:
             history.update(
                 {f"parameters/{name}": Histogram(p, num_bins=64) for name, p in model.named_parameters()}
             )
-        self.writer.log(history, step=state.global_step)
+        self._log.log(history, axis=state.global_step)
 
     def on_predict(self, args: Any, state: Any, control: Any, metrics: Mapping[str, Any], **kwargs: Any) -> None:
+        self._setup(args, state, kwargs.get("model"))
         if self._writes(state):
-            self.writer.log(_renamed(metrics), step=state.global_step)
+            self._log.log(_renamed(metrics), axis=state.global_step)
 
 
 def _renamed(logs: Mapping[str, Any]) -> dict[str, Any]:
@@ -139,5 +165,5 @@ def _renamed(logs: Mapping[str, Any]) -> dict[str, Any]:
             name = "test/" + key[len("test_"):]
         else:
             name = "train/" + key
-        out[name] = plain_metric(value)
+        out[name] = value
     return out
