@@ -157,3 +157,13 @@ def test_log_images_logs_walbuf_images_and_unknown_keywords_are_warned_once(tmp_
     first, second = walbuf.read(tmp_path / "b.db")
     assert {k: type(v).__name__ for k, v in first.metrics.items()} == {"samples/0": "Image", "samples/1": "Image", "step": "int"}
     assert second.metrics == {"loss": 0.5, "step": 1}
+
+
+def test_hyperparameters_w_and_b_stores_as_text_are_stored_as_text(tmp_path):
+    import numpy as np
+
+    tracker = WalbufTracker(buffer=tmp_path / "b.db")
+    tracker.store_init_configuration({"complex": np.complex64(1 + 2j), "date": np.datetime64("2026-01-02"), "raw": np.bytes_(b"x")})
+    tracker.finish()
+    config = {k: json.loads(v) for k, v in run_sql(tmp_path / "b.db", "SELECT key, value FROM config_entries")}
+    assert config == {"complex": "(1+2j)", "date": "2026-01-02", "raw": "x"}
