@@ -241,3 +241,13 @@ def test_an_image_synced_offline_is_in_the_run_directory_and_wandb_sync_uploads_
     assert subprocess.run(command.split(), capture_output=True, text=True, env=env).returncode == 0
     reference, uploaded = synced_image(server.run("offline1"), "w/sample")
     assert uploaded == image.png
+
+
+def test_a_caption_holding_a_nul_is_refused_where_it_is_made_and_where_it_is_stored(buffer):
+    with pytest.raises(MetricValueError, match="NUL"):
+        Image(np.zeros((2, 2), dtype=np.uint8), caption="a\x00b")
+    stored = Image(np.zeros((2, 2), dtype=np.uint8)).to_json() | {"caption": "a\x00b"}
+    with walbuf.Writer(buffer, writer="w") as w:
+        with pytest.raises(MetricValueError, match="without a NUL"):
+            w.log({"sample": stored})
+    assert list(walbuf.read(buffer)) == []

@@ -281,12 +281,16 @@ def test_values_up_to_the_limits_are_kept(buffer):
     assert log_and_read(buffer, metrics)["big"] == metrics["big"]
 
 
-@pytest.mark.parametrize("metrics, key", [({"x": 10**5000}, "x"), ({"n": {"x": -(10**5000)}}, "n/x")], ids=["top", "nested"])
-def test_an_int_too_long_for_json_is_refused_naming_the_key_and_nothing_is_written(buffer, metrics, key):
+@pytest.mark.parametrize(
+    "metrics, key",
+    [({"x": 10**5000}, "x"), ({"n": {"x": -(10**309)}}, "n/x"), ({"l": [1, 2**1024]}, r"l\[1\]")],
+    ids=["too long for text", "nested", "in a list"],
+)
+def test_an_int_beyond_a_float64s_range_is_refused_naming_the_key_and_nothing_is_written(buffer, metrics, key):
     with walbuf.Writer(buffer, writer="w") as w:
-        with pytest.raises(walbuf.MetricValueError, match=f"metric '{key}' is an int of more digits"):
+        with pytest.raises(walbuf.MetricValueError, match=f"metric '{key}' is an int beyond a 64-bit float's range"):
             w.log(metrics)
-        assert w.log({"fine": 10**4000}) == 0  # an int Python can write is kept, and the writer goes on
+        assert w.log({"fine": 10**308}) == 0  # an int within a float's range is kept, and the writer goes on
     assert record_count(buffer) == 1
 
 
@@ -301,9 +305,9 @@ def test_an_int_too_long_for_json_is_refused_naming_the_key_and_nothing_is_writt
         ({"model": {"a\x00": 1}}, "control character"),
         ({"notes": "x" * (MAX_VALUE_BYTES + 1)}, "over W&B's limit"),
         ({"deep": nested(1000)}, "nested more than"),
-        ({"seeds": [1, 10**5000]}, "'seeds' holds an int of more digits than Python writes as text"),
+        ({"seeds": [1, 10**5000]}, r"'seeds\[1\]' is an int beyond a 64-bit float's range"),
     ],
-    ids=["surrogate", "newline", "blank", "_wandb", "nested NUL", "too big", "too deep", "int too long for text"],
+    ids=["surrogate", "newline", "blank", "_wandb", "nested NUL", "too big", "too deep", "int beyond a float's range"],
 )
 def test_config_and_summary_refuse_what_wandb_would_refuse(buffer, kind, values, message):
     with walbuf.Writer(buffer, writer="w") as w:

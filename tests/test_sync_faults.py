@@ -79,12 +79,12 @@ def test_a_poison_record_is_quarantined_and_the_others_arrive_once(server, buffe
 
 
 def test_a_record_of_keys_sent_before_is_still_held_to_the_line_limit(server, buffer):
-    # The same 2,501 keys as a record the sync found fine, each with an int of
-    # 4,300 digits (the most Python reads as JSON): over 10 MB as a history line.
-    keys = [f"k{i}" for i in range(2500)]
+    # The same 34,001 keys as a record the sync found fine, each with an int of
+    # 308 digits (within a 64-bit float's range): over 10 MB as a history line.
+    keys = [f"k{i}" for i in range(34_000)]
     with walbuf.Writer(buffer, writer="w", run="exp") as w:
         w.log({**dict.fromkeys(keys, 0), "i": 0}, step=0)
-    as_an_older_walbuf_stored_it(buffer, 1, json.dumps({**dict.fromkeys(keys, int("9" * 4300)), "i": 1}))
+    as_an_older_walbuf_stored_it(buffer, 1, json.dumps({**dict.fromkeys(keys, int("9" * 308)), "i": 1}))
     log_steps(buffer, [2])
     proc = run_sync(server, buffer)
     assert proc.returncode == 3, proc.stderr

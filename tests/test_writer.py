@@ -354,3 +354,14 @@ def test_an_axis_value_that_is_not_an_int_of_zero_or_more_is_refused_and_nothing
         with pytest.raises(error, match="axis"):
             w.log({"loss": 0.5}, axis=axis)
     assert list(walbuf.read(buffer)) == []
+
+
+@pytest.mark.parametrize(
+    "setting, value",
+    [("writer", "w\x00"), ("writer", " "), ("run", "a\nb"), ("run", "  "), ("step_axis", "s\tep"), ("writer", "\ud800")],
+    ids=["writer with NUL", "blank writer", "run with newline", "blank run", "axis with tab", "writer with surrogate"],
+)
+def test_a_name_w_and_b_would_get_changed_is_refused_when_the_writer_opens(buffer, backend, setting, value):
+    with pytest.raises(walbuf.ConfigError, match="W&B would get it changed"):
+        walbuf.Writer(buffer, **{"writer": "w", setting: value})
+    assert not buffer_exists(buffer)

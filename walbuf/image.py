@@ -131,8 +131,10 @@ def stored(name: str, value: Mapping[Any, Any]) -> dict[str, Any] | None:
         problem = "width and height must be ints > 0"
     elif value["width"] * value["height"] > MAX_PIXELS:
         problem = f"it has more than {MAX_PIXELS:,} pixels"
-    elif value["caption"] is not None and (not isinstance(value["caption"], str) or len(value["caption"]) > MAX_CAPTION):
-        problem = f"caption must be None or text of at most {MAX_CAPTION:,} characters"
+    elif value["caption"] is not None and (
+        not isinstance(value["caption"], str) or len(value["caption"]) > MAX_CAPTION or "\x00" in value["caption"]
+    ):
+        problem = f"caption must be None or text of at most {MAX_CAPTION:,} characters, without a NUL"
     if problem is not None:
         raise MetricValueError(f"metric {name!r} is marked an image but is not one: {problem} (nothing was written)")
     return dict(value)
@@ -158,6 +160,8 @@ def _check_caption(caption: Any) -> None:
         raise MetricTypeError(f"an Image's caption must be a str or None, not {type(caption).__qualname__}")
     if len(caption) > MAX_CAPTION:
         raise MetricValueError(f"an Image's caption has {len(caption):,} characters, over {MAX_CAPTION:,}")
+    if "\x00" in caption:
+        raise MetricValueError("an Image's caption holds a NUL character, which W&B does not keep")
     try:
         caption.encode("utf-8")
     except UnicodeEncodeError:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Union
@@ -70,13 +71,15 @@ def _convert(key: str, value: Any, what: str = "metric") -> Scalar:
     if kind is str:
         _check_text(key, value, what)
         return value
+    if kind is int:
+        return _checked_int(key, value, what)
     if kind in _PRIMITIVE:
         return value
     # Subclasses (numpy.float64 is a float, IntEnum an int) are stored as the base kind.
     if isinstance(value, bool):
         return bool(value)
     if isinstance(value, int):
-        return int(value)
+        return _checked_int(key, int(value), what)
     if isinstance(value, float):
         return float(value)
     if isinstance(value, str):
@@ -84,13 +87,22 @@ def _convert(key: str, value: Any, what: str = "metric") -> Scalar:
         return str(value)
     converted = _scalar(value)
     if converted is not value and type(converted) in _PRIMITIVE:
-        return converted
+        return _checked_int(key, converted, what) if type(converted) is int else converted
     raise MetricTypeError(
         f"metric {key!r} has a value of type {kind.__module__}.{kind.__qualname__}, "
         "which walbuf does not store; log an int, float, bool, str, None, a numpy or torch scalar,"
         " a list of those (an array's .tolist()), a walbuf.Histogram (of a list, array or tensor),"
         " a walbuf.Image, or a dict of those (nothing was written)"
     )
+
+
+def _checked_int(key: str, value: int, what: str) -> int:
+    if not -FLOAT_MAX <= value <= FLOAT_MAX:
+        raise MetricValueError(
+            f"{what} {key!r} is an int beyond a 64-bit float's range: W&B keeps numbers as 64-bit floats, so it"
+            " would arrive as infinity; log it as a str (nothing was written)"
+        )
+    return value
 
 
 # W&B's limits and reserved names, each with its source. A record that breaks
@@ -107,6 +119,8 @@ MAX_IMAGES_BYTES = 32 << 20
 """The images of one record, as stored: walbuf's own limit (each is at most image.MAX_PNG_BYTES)."""
 MAX_DEPTH = 32
 """Nesting of a metrics dict: deeper than any real use, far short of Python's recursion limit."""
+FLOAT_MAX = sys.float_info.max
+"""An int beyond it reaches W&B as infinity: wandb-core parses history numbers as float64 (Go's encoding/json)."""
 RESERVED_KEYS = frozenset({"_step", "_runtime", "_timestamp", "_wandb"})
 """wandb-core overwrites _step and _runtime in every row (core/internal/stream/handler.go,
 flushPartialHistory), the SDK sets _timestamp, and _wandb holds wandb's own config and summary."""
@@ -189,6 +203,7 @@ def _flatten_into(flat: dict[str, Stored], prefix: str, metrics: Mapping[Any, An
             type(key) is str
             and key in _checked_keys
             and type(value) in PLAIN_TYPES
+            and (type(value) is not int or -FLOAT_MAX <= value <= FLOAT_MAX)
             and (prefix or key not in RESERVED_KEYS)
             and prefix + key not in flat
         ):
@@ -314,29 +329,9 @@ encode = json.JSONEncoder(separators=(",", ":"), allow_nan=True).encode
 
 
 def encode_metrics(flat: Mapping[str, Stored]) -> str:
-    """:func:`encode` of what flatten() returned; MetricValueError, naming the key, for an int too long for JSON."""
-    try:
-        return encode(flat)
-    except ValueError:
-        for key, value in flat.items():
-            if isinstance(value, int) and _too_long(value):
-                raise MetricValueError(f"metric {key!r} is {_LONG_INT} (nothing was written)") from None
-        raise
+    """:func:`encode` of what flatten() returned (which refused every int JSON or W&B could not take)."""
+    return encode(flat)
 
-
-def _too_long(value: int) -> bool:
-    """Whether Python refuses to write ``value`` as text (more digits than sys.get_int_max_str_digits())."""
-    try:
-        int.__repr__(value)
-    except ValueError:
-        return True
-    return False
-
-
-_LONG_INT = (
-    "an int of more digits than Python writes as text (sys.get_int_max_str_digits(), 4,300 by default),"
-    " so it cannot be stored as JSON; log a smaller number, or the number as a str"
-)
 
 _decoder = json.JSONDecoder()
 # The C scanner itself: JSONDecoder.decode() adds two passes of a regex for
@@ -403,11 +398,7 @@ def encode_config(values: Any, what: str = "config") -> dict[str, str]:
         _check_key("", key, what, star=True)
         if key in RESERVED_KEYS:
             raise MetricValueError(f"{what} key {key!r} is a name W&B reserves for itself; rename it (nothing was stored)")
-        checked = _config_value(key, value, what, 1)
-        try:
-            text = json.dumps(checked, allow_nan=True)
-        except ValueError:  # of what _config_value let through, only an int too long for text fails here
-            raise MetricValueError(f"{what} key {key!r} holds {_LONG_INT} (nothing was stored)") from None
+        text = json.dumps(_config_value(key, value, what, 1), allow_nan=True)
         if len(text) > MAX_VALUE_BYTES:
             raise MetricValueError(
                 f"{what} key {key!r} holds {len(text):,} bytes, over W&B's limit of {MAX_VALUE_BYTES:,}"

@@ -194,12 +194,25 @@ def _check_prefix(value: Any, name: str) -> str:
 
 
 def _text(name: str, value: Any, env: str, default: str | None = None) -> str:
+    """A name (a run, a writer id, a step axis): text W&B takes as it is, as part of a key or a run's name."""
     if value is None and env:
         value = os.environ.get(env) or default
     if not isinstance(value, str):
         raise ConfigError(f"{name} must be a str, not {type(value).__qualname__}")
     if not value:
         raise ConfigError(f"{name} must not be empty" + (f" (give it, or set {env})" if env else ""))
+    problem = ""
+    if not value.strip():
+        problem = "is blank"
+    elif CONTROL_CHARACTERS.search(value):
+        problem = "contains a control character (a NUL, a newline, ...)"
+    elif not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            problem = "is not valid text (it holds a lone surrogate)"
+    if problem:
+        raise ConfigError(f"{name} {value!r} {problem}: W&B would get it changed, or refuse it; choose another")
     return value
 
 
