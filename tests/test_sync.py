@@ -509,3 +509,19 @@ def test_a_list_metric_arrives_as_the_list_w_and_b_keeps(server, buffer):
         (1, {"per_class_f1": [0.75, 0.5], "nested": []}),
     ]
     assert fake_run.summary["eval/per_class_f1"] == [0.75, 0.5]
+
+
+def test_a_summary_over_the_line_limit_arrives_without_its_largest_values_and_a_person_is_told(server, buffer):
+    # 12 writers, each with a last value of 0.9 MB: one summary line would pass
+    # wandb-core's limit, and wandb-core would skip it whole with no error.
+    for i in range(12):
+        with walbuf.Writer(buffer, writer=f"w{i}", run="exp1") as w:
+            w.log({"notes": chr(ord("a") + i) * (900_000 + i), "loss": float(i)})
+    proc = run_sync(server, buffer)
+    assert proc.returncode == 3, proc.stderr
+    fake_run = the_run(server, buffer)
+    assert fake_run.dropped_lines == 0
+    left_out = [k for k in (f"w{i}/notes" for i in range(12)) if k not in fake_run.summary]
+    assert left_out == ["w11/notes"]  # the largest, and no more than needed
+    assert "summary 'w11/notes'" in proc.stderr and "line limit" in proc.stderr
+    assert all(fake_run.summary[f"w{i}/loss"] == float(i) for i in range(12))

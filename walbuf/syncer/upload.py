@@ -25,7 +25,18 @@ from ..errors import (
     StorageError,
     TargetRefusedError,
 )
-from ..record import PLAIN_TYPES, Stored, check_line, decode, encode_config, flatten, line_room
+from ..record import (
+    LINE_OVERHEAD,
+    MAX_LINE_BYTES,
+    PLAIN_TYPES,
+    Stored,
+    check_line,
+    decode,
+    encode,
+    encode_config,
+    flatten,
+    line_room,
+)
 from ..store import Storage
 from ..store.schema import config_entries, quarantine, records, runs, syncs, writers
 from ..store.target import set_target
@@ -135,7 +146,7 @@ def upload(
         offline_dir=wandb_run.offline_dir,
         config_changes=tuple(changes),
         quarantined=tuple(q for _, q in replay.quarantined),
-        refused_settings=tuple(refused_settings),
+        refused_settings=(*refused_settings, *replay.summary_left_out),
         cut_short=replay.sent + len(replay.quarantined) < plan.report.records,
         finished=finish_code,
     )
@@ -152,6 +163,7 @@ class _Replay:
             self.offline_step = conn.scalar(sa.select(runs.c.offline_step).where(runs.c.id == plan.run_id)) or 0
             self.metrics = RunMetrics(conn, plan.run_id, plan.writers.values())
         self.quarantined: list[tuple[int, Quarantined]] = []
+        self.summary_left_out: list[RefusedSetting] = []
         self.counts: dict[str, int] = {}
         self.sent = 0
         self.last_handled = plan.low  # the id of the last record sent or quarantined
@@ -178,9 +190,36 @@ class _Replay:
                     if not self._send_batch(wandb_run, chunk[start : start + BATCH]):
                         break
                 after = chunk[-1][0]
-        summary = self.metrics.summary(merged["summary"])
+        summary = self._fitting(self.metrics.summary(merged["summary"]))
         if summary:
             wandb_run.update_summary(summary)
+
+    def _fitting(self, summary: dict[str, object]) -> dict[str, object]:
+        """``summary`` less its largest values, until it fits one line (a person is told of each left out).
+
+        wandb-core sends the whole summary as one line of wandb-summary.json
+        and skips a line over its limit with only a WARN in its own log
+        (core/internal/filestream/filestreamstate.go): the summary would not
+        change at all, and nobody would know.
+        """
+        sizes = {key: len(encode({key: value})) for key, value in summary.items()}
+        room = MAX_LINE_BYTES - LINE_OVERHEAD
+        total = sum(sizes.values())
+        for key in sorted(sizes, key=sizes.__getitem__, reverse=True):
+            if total <= room:
+                break
+            total -= sizes[key]
+            del summary[key]
+            self.summary_left_out.append(
+                RefusedSetting(
+                    "summary",
+                    key,
+                    "the run",
+                    f"the summary would pass W&B's line limit of {MAX_LINE_BYTES:,} bytes, and this value takes"
+                    f" {sizes[key]:,} of them: W&B would skip the whole summary",
+                )
+            )
+        return summary
 
     def _send_batch(self, wandb_run: WandbRun, batch: Sequence[tuple[int, int, int, float, str]]) -> bool:
         """Send (or quarantine) the records of ``batch`` in order, within the budget; whether they all were handled."""
