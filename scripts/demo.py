@@ -88,10 +88,12 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "walbuf", "status", args.buffer], check=True)
         (run,) = server.runs.values()
         print(f"\nThe W&B server received run {run.entity}/{run.project}/{run.id}: {len(run.history)} rows")
-        axes = run.metric_definitions()
-        for name in sorted(k for k, axis in axes.items() if axis):
-            points = [row for row in run.history if name.replace("\\.", ".") in row]
-            print(f"  {name:<22} {len(points):>4} points on axis {axes[name]}")
+        keys = sorted({key for row in run.history for key in row if not key.startswith("_")})
+        for key in keys:
+            axis = run.step_metric_of(key)
+            if axis is not None:  # a metric (an axis itself has none)
+                points = sum(1 for row in run.history if key in row)
+                print(f"  {key:<22} {points:>4} points on axis {axis}")
 
 if __name__ == "__main__":
     main()

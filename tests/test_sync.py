@@ -525,3 +525,28 @@ def test_a_summary_over_the_line_limit_arrives_without_its_largest_values_and_a_
     assert left_out == ["w11/notes"]  # the largest, and no more than needed
     assert "summary 'w11/notes'" in proc.stderr and "line limit" in proc.stderr
     assert all(fake_run.summary[f"w{i}/loss"] == float(i) for i in range(12))
+
+
+def test_status_after_a_sync_that_finished_the_run_counts_the_records_it_sent(server, buffer):
+    log_records(buffer, "rank-0", 5)  # closed: the sync finishes the run, in an upload of no records of its own
+    assert run_sync(server, buffer).returncode == 0
+    assert the_run(server, buffer).complete
+    (run,) = run_status(buffer)["runs"]
+    assert (run["last_sync"]["status"], run["last_sync"]["records"]) == ("ok", 5)
+
+
+@pytest.mark.backends("sqlite")
+def test_a_sync_removes_the_working_folders_that_syncers_killed_on_this_host_left(server, buffer, tmp_path):
+    import socket
+
+    cache = tmp_path / "cache" / "walbuf" / "sync"
+    cache.mkdir(parents=True)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = cache / f"{socket.gethostname()}-{gone.stdout.strip()}-x1"  # a syncer killed with -9
+    living = cache / f"{socket.gethostname()}-{os.getpid()}-x2"  # this process: alive
+    elsewhere = cache / f"another-host-{gone.stdout.strip()}-x3"  # a shared home: another host's syncer
+    for folder in (dead, living, elsewhere):
+        folder.mkdir()
+    log_records(buffer, "rank-0", 2)
+    assert run_sync(server, buffer, env={"XDG_CACHE_HOME": str(tmp_path / "cache")}).returncode == 0
+    assert sorted(p.name for p in cache.iterdir()) == sorted([living.name, elsewhere.name])

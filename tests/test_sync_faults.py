@@ -226,6 +226,7 @@ def test_a_signal_cuts_the_upload_off_cleanly_and_the_next_sync_completes_it(ser
     assert syncer.returncode == code, err
     assert err.count("\n") == 1 and "walbuf: error: stopped by" in err and "Traceback" not in err
     assert status(buffer)["last_sync"]["status"] == "interrupted"
+    assert status(buffer)["last_sync"]["message"] == ("interrupted (Ctrl-C)" if code == 130 else "interrupted (SIGTERM)")
     assert status(buffer)["pending"] == 200
     assert not server.run(status(buffer)["wandb_id"]).complete  # the interrupted sync left the run's state alone
     again = run_sync(server, buffer)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -165,9 +166,6 @@ def read_runs(conn: sa.Connection) -> list[RunStatus]:
         )
     result = []
     for run in conn.execute(sa.select(runs).order_by(runs.c.id)):
-        last = conn.execute(
-            sa.select(syncs).where(syncs.c.run_id == run.id).order_by(syncs.c.id.desc()).limit(1)
-        ).first()
         members = per_run.get(run.id, [])
         result.append(
             RunStatus(
@@ -181,11 +179,23 @@ def read_runs(conn: sa.Connection) -> list[RunStatus]:
                 quarantined=sum(w.quarantined for w in members),
                 target_refused=run.target_refused,
                 finished_exit=run.finished_exit,
-                last_sync=None
-                if last is None
-                else SyncStatus(
-                    last.status, last.mode, last.started_at, last.finished_at, last.records, last.message
-                ),
+                last_sync=_last_sync(conn, run.id),
             )
         )
     return result
+
+
+def _last_sync(conn: sa.Connection, run_id: int) -> SyncStatus | None:
+    """The run's last sync: the uploads of the last invocation (one process), together.
+
+    A sync that finishes a W&B run does so in an upload of its own, of no
+    records, after the upload that sent them: both are one sync here.
+    """
+    newest = sa.select(syncs).where(syncs.c.run_id == run_id).order_by(syncs.c.id.desc()).limit(16)
+    entries = conn.execute(newest).all()
+    if not entries:
+        return None
+    last = entries[0]
+    same = list(itertools.takewhile(lambda e: (e.host, e.pid) == (last.host, last.pid), entries))
+    message = next((e.message for e in same if e.message), None)
+    return SyncStatus(last.status, last.mode, same[-1].started_at, last.finished_at, sum(e.records for e in same), message)

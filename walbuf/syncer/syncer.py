@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -241,11 +242,38 @@ def _wandb_folder(storage: Storage, directory: str | os.PathLike[str] | None, mo
                 " offline run: give one with --dir"
             )
         return
-    folder = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=_cache_folder()))
+    cache = _cache_folder()
+    _remove_folders_of_killed_syncers(cache)
+    folder = Path(tempfile.mkdtemp(prefix=f"{_this_process()}-", dir=cache))
     try:
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _this_process() -> str:
+    # The host too: a home folder on shared storage holds the folders of syncers of several hosts.
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _remove_folders_of_killed_syncers(cache: str) -> None:
+    """Remove the working folders that syncers of this host killed with -9 could not: their process is gone."""
+    host = socket.gethostname() + "-"
+    for entry in os.scandir(cache):
+        pid = entry.name[len(host):].partition("-")[0] if entry.name.startswith(host) else ""
+        if pid.isdigit() and not _alive(int(pid)) and entry.is_dir(follow_symlinks=False):
+            if entry.stat(follow_symlinks=False).st_uid == os.geteuid():  # our own: rmtree follows no link
+                shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another account's process
+    return True
 
 
 def _cache_folder() -> str:

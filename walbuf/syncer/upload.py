@@ -103,9 +103,10 @@ def upload(
         # is what failed. Ctrl-C, or SIGTERM as the command turns it into a
         # KeyboardInterrupt, is an interruption.
         interrupted = isinstance(exc, KeyboardInterrupt)
-        why = f"interrupted ({exc or 'SIGINT'})" if interrupted else str(exc) or type(exc).__name__
+        why = f"interrupted ({str(exc) or 'Ctrl-C'})" if interrupted else str(exc) or type(exc).__name__
         with contextlib.suppress(StorageError):
-            _failed(storage, plan, "interrupted" if interrupted else "failed", why, replay.last_handled)
+            reached = max(replay.last_handled, replay.handed)
+            _failed(storage, plan, "interrupted" if interrupted else "failed", why, reached)
             if isinstance(exc, TargetRefusedError):
                 _refuse_target(storage, plan, str(exc))
         raise
@@ -167,6 +168,7 @@ class _Replay:
         self.counts: dict[str, int] = {}
         self.sent = 0
         self.last_handled = plan.low  # the id of the last record sent or quarantined
+        self.handed = plan.low  # the id of the last record handed to wandb (its log() may not have returned)
         self.unreported = 0
         # (writer id, *a record's keys) -> (its row's keys, the step axis and _timestamp last; the longest
         # payload of those keys that fits a line), for records found fine that hold plain values only
@@ -233,6 +235,7 @@ class _Replay:
                 return False
             writer = self.plan.writers[writer_id]
             if problem is None:
+                self.handed = record_id  # from here on W&B may hold it, whatever ends the upload
                 problem = self._send(wandb_run, writer, row, needed)
             if problem is not None:
                 self.quarantined.append((record_id, Quarantined(writer.name, step, problem)))
