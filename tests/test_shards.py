@@ -494,3 +494,27 @@ def test_prune_checks_again_before_it_deletes_an_ingested_shard(server, director
     assert files(directory, "sealed") == [shard]
     assert sync_on(server, "login", directory).returncode == 0
     assert steps_of(the_run(server), "ra") == [0, 1, 2]
+
+
+def test_syncs_while_writers_move_to_new_shards_20_times_a_second_all_succeed_and_deliver_each_record_once(server, directory):
+    writers = [
+        subprocess.Popen(
+            [sys.executable, str(TESTS / "rotating_writer.py"), directory, f"w{i}"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            env={**os.environ, ENV_HOST: "h", ENV_ROTATE: "0.05"},
+        )
+        for i in range(2)
+    ]
+    try:
+        for writer in writers:
+            assert writer.stdout.readline() == "started\n"
+        for _ in range(5):  # each sync reads live shards that their writers seal as it goes
+            proc = sync_on(server, "h", directory)
+            assert proc.returncode == 0, proc.stderr
+    finally:
+        for writer in writers:
+            writer.stdin.close()
+    logged = [int(writer.stdout.readline().split()[1]) for writer in writers]
+    assert [writer.wait() for writer in writers] == [0, 0]
+    assert sync_on(server, "h", directory).returncode == 0
+    assert [steps_of(the_run(server), f"w{i}") for i in range(2)] == [list(range(n)) for n in logged]

@@ -27,7 +27,7 @@ from ..store.storage import stored_metrics, writer_lock_name
 from .ingest import hub_cursors, in_hub, ingest, pending_in
 from .layout import MARKER, Layout, Shard, host_name
 from .lease import Lease, seal_unused
-from .shard import ShardReader, last_step
+from .shard import ShardGone, ShardReader, last_step
 
 
 @dataclass(frozen=True)
@@ -134,7 +134,7 @@ class DirectoryBuffer:
                 return
             for shard in layout.readable_shards(host_name()):
                 cursors = _cursors(hub, shard)
-                with ShardReader.of(layout, shard) as reader:
+                with _reader(layout, shard) as reader:
                     found = reader.writers()
                     after = {w.id: cursors.get((w.run, w.name), 0) for w in found.values()}
                     for chunk in reader.records_after(after):
@@ -161,6 +161,8 @@ class DirectoryBuffer:
                     continue
                 try:
                     out.append(Backlog(shard, self.not_in_hub(shard, hub)))
+                except ShardGone:
+                    continue  # sealed since the listing: the next look counts it
                 except (BufferCorruptError, NotABufferError) as exc:
                     out.append(Backlog(shard, None, str(exc)))
             return out
@@ -220,6 +222,17 @@ class DirectoryBuffer:
     def hold_shard(self) -> Lease:
         """Use this host's current live shard (so that it is not sealed) until the lease is released."""
         return Lease(self.layout, host_name())
+
+
+def _reader(layout: Layout, shard: Shard) -> ShardReader:
+    """A reader of ``shard``; of its sealed self if it was sealed since it was listed live."""
+    try:
+        return ShardReader.of(layout, shard)
+    except ShardGone:
+        sealed = layout.sealed_as(shard) if shard.state == "live" else None
+        if sealed is None:
+            raise
+        return ShardReader.of(layout, sealed)
 
 
 def _cursors(hub: Storage | None, shard: Shard) -> dict[tuple[str, str], int]:

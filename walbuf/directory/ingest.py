@@ -37,7 +37,7 @@ from ..store import Storage, Target
 from ..store.schema import config_entries, records, runs, shard_cursors
 from ..store.target import merge_target
 from .layout import Layout, Shard
-from .shard import ReadStopped, ShardReader, ShardRecord, ShardWriter
+from .shard import ReadStopped, ShardGone, ShardReader, ShardRecord, ShardWriter
 
 _log = logging.getLogger(__name__)
 
@@ -65,7 +65,9 @@ def ingest(layout: Layout, hub: Storage, host: str, stop: Callable[[], bool] | N
     set_aside: list[str] = []
     left_out: list[str] = []
     layout.own().folder(layout.ingested, make=True)
-    for shard in layout.readable_shards(host):
+    shards = layout.readable_shards(host)
+    while shards:
+        shard = shards.pop(0)
         if stop is not None and stop():
             return IngestResult(copied, read, tuple(set_aside), tuple(left_out), stopped=True)
         _log.info("taking in shard %s", shard.id)
@@ -73,6 +75,13 @@ def ingest(layout: Layout, hub: Storage, host: str, stop: Callable[[], bool] | N
             copied += _ingest_shard(layout, hub, shard, stop)
         except ReadStopped:
             return IngestResult(copied, read, tuple(set_aside), tuple(left_out), stopped=True)
+        except ShardGone:
+            # Its writers let go and it was sealed since the listing: take it in from sealed/.
+            sealed = layout.sealed_as(shard) if shard.state == "live" else None
+            if sealed is None:
+                raise
+            shards.insert(0, sealed)  # now, before the newer shards its writers moved on to
+            continue
         except (BufferCorruptError, NotABufferError, TargetConflictError) as exc:
             if shard.state == "sealed":
                 set_aside.append(layout.set_aside(shard, str(exc)))

@@ -245,6 +245,10 @@ class Layout:
             " `walbuf doctor` says what to do"
         )
 
+    def sealed_as(self, shard: Shard) -> Shard | None:
+        """The sealed shard a live one became (its writers let go since it was listed), if it did."""
+        return next((s for s in self.shards("sealed", shard.host) if s.id == shard.id), None)
+
     def readable_shards(self, host: str) -> list[Shard]:
         """The shards ``host`` may read: every sealed one, and its own live ones; oldest first."""
         return [

@@ -13,6 +13,7 @@ of the data.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -38,6 +39,10 @@ ShardRecord = tuple[int, int, int, float, str]
 """(id, writer id, step, time, metrics JSON) of a record, as the shard holds it."""
 
 _REQUIRED = frozenset({"alembic_version", "runs", "writers", "records"})
+
+
+class ShardGone(StorageError):
+    """The shard is no longer where it was found: sealed (renamed into sealed/) or taken in meanwhile."""
 
 
 class ReadStopped(Exception):
@@ -86,18 +91,18 @@ class ShardReader:
 
     def __init__(self, layout: Layout, path: Path, *, immutable: bool, stop: Callable[[], bool] | None = None) -> None:
         self.path = path
-        for suffix in ("", *COMPANIONS):
+        if layout.owner.entry(path) is None:
+            raise ShardGone(f"shard {path} is gone (sealed or taken in meanwhile)")
+        for suffix in COMPANIONS:
             layout.owner.entry(Path(f"{path}{suffix}"))
         self._stop = stop
         self._stopped: BaseException | None = None
         watch = self._watch()
         next(watch)
-        try:
+        with self._translate():
             # A quoted path: a file name is never read as URI parameters.
             uri = f"file:{quote(str(path))}?mode=ro{'&immutable=1' if immutable else ''}"
             self._conn = sqlite3.connect(uri, uri=True)
-        except sqlite3.Error as exc:
-            raise self._error(exc) from exc
         try:
             with self._translate():
                 harden(self._conn)
@@ -298,6 +303,8 @@ class ShardReader:
                 raise self._stopped from None
             if isinstance(exc, sqlite3.OperationalError) and str(exc) == "interrupted":
                 raise ReadStopped(f"reading shard {self.path} stopped at the sync's time bound") from None
+            if not os.path.lexists(self.path):  # sealed meanwhile: its -wal and -shm went with it
+                raise ShardGone(f"shard {self.path} is gone (sealed or taken in meanwhile)") from exc
             raise self._error(exc) from exc
 
     def _error(self, exc: sqlite3.Error) -> StorageError:
