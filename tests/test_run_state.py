@@ -68,6 +68,28 @@ def test_a_writer_killed_without_closing_makes_the_final_state_failed(server, bu
     assert (fake_run.complete, fake_run.exit_code) == (True, 1)
 
 
+def test_an_exception_leaving_the_writers_with_block_makes_the_final_state_failed(server, buffer):
+    with pytest.raises(ZeroDivisionError), walbuf.Writer(buffer, writer="train", run="exp") as w:
+        w.log({"loss": 1.0})
+        1 / 0
+    proc = run_sync(server, buffer, quiet=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "finished the W&B run with exit code 1: a writer failed or died without closing" in proc.stdout
+    fake_run = the_run(server, buffer)
+    assert (fake_run.complete, fake_run.exit_code) == (True, 1)
+
+
+def test_a_writer_that_opens_again_after_failing_and_closes_finishes_the_run_as_closed(server, buffer):
+    with pytest.raises(ZeroDivisionError), walbuf.Writer(buffer, writer="train", run="exp") as w:
+        w.log({"loss": 2.0})
+        1 / 0
+    with walbuf.Writer(buffer, writer="train", run="exp") as w:
+        w.log({"loss": 1.0})  # the job retried, and succeeded
+    assert run_sync(server, buffer).returncode == 0
+    fake_run = the_run(server, buffer)
+    assert (fake_run.complete, fake_run.exit_code) == (True, 0)
+
+
 def test_a_finished_run_is_not_finished_again_until_a_writer_opens_again(server, buffer):
     with walbuf.Writer(buffer, writer="train", run="exp") as w:
         w.log({"loss": 0.5})

@@ -518,3 +518,12 @@ def test_syncs_while_writers_move_to_new_shards_20_times_a_second_all_succeed_an
     assert [writer.wait() for writer in writers] == [0, 0]
     assert sync_on(server, "h", directory).returncode == 0
     assert [steps_of(the_run(server), f"w{i}") for i in range(2)] == [list(range(n)) for n in logged]
+
+
+def test_a_writer_that_failed_on_another_host_finishes_the_run_as_failed(server, directory):
+    log_on("a", directory, "ra", 2)
+    with pytest.raises(ZeroDivisionError), on_host("b"), walbuf.Writer(directory, writer="rb", run="exp") as w:
+        w.log({"i": 0})
+        1 / 0
+    assert sync_on(server, "a", directory).returncode == 0  # b's shard was sealed when rb closed
+    assert (the_run(server).complete, the_run(server).exit_code) == (True, 1)

@@ -317,7 +317,7 @@ def sync(dry_run: bool, quiet: bool, verbose: bool, **options: Any) -> None:
             continue
         click.echo(f"{run.run} -> {_target_text(run)}: {run.records} records synced")
         if run.finished is not None:
-            why = "every writer closed" if run.finished == 0 else "a writer died without closing"
+            why = "every writer closed" if run.finished == 0 else "a writer failed or died without closing"
             click.echo(f"  finished the W&B run with exit code {run.finished}: {why}")
         if run.offline_dir:
             click.echo(f"  upload it later with: wandb sync {run.offline_dir}")

@@ -93,19 +93,19 @@ class _Open:
         assert self.segment is not None, "a segment is opened before use (Writer._segment)"
         return self.segment.storage
 
-    def close(self) -> None:
+    def close(self, exit_code: int) -> None:
         try:
             if self.segment is not None:
-                self.let_go(note_closed=True)
+                self.let_go(note_closed=exit_code)
         finally:
             self.owner.release()
 
-    def let_go(self, *, flush: bool = False, note_closed: bool = False) -> None:
+    def let_go(self, *, flush: bool = False, note_closed: int | None = None) -> None:
         """Close the segment; a shard is sealed if this was its last user.
 
         ``flush``: first make its records as durable as flush() would (no
         later flush() reaches them). ``note_closed``: note in it that the
-        writer closed.
+        writer closed, with this exit code.
         """
         segment, appender = self.segment, self.appender
         assert segment is not None and appender is not None
@@ -114,9 +114,9 @@ class _Open:
             if flush:
                 appender.flush(self.writer_pk)
             appender.close()
-            if note_closed:
+            if note_closed is not None:
                 try:
-                    segment.storage.mark_closed(self.writer_pk)
+                    segment.storage.mark_closed(self.writer_pk, note_closed)
                 except StorageError as exc:
                     # Every record is committed already; only the note is lost, and
                     # the syncer then takes the writer for one that died.
@@ -409,11 +409,15 @@ class Writer:
             if not self._closed and state.appender is not None:
                 state.appender.flush(state.writer_pk)
 
-    def close(self) -> None:
+    def close(self, *, failed: bool = False) -> None:
         """Release the writer id and close the connection. Idempotent; atexit calls it.
 
         Records already logged are committed; close() adds nothing to their
-        durability (use flush() or durability="fsync" for that).
+        durability (use flush() or durability="fsync" for that). ``failed``:
+        the job failed; once every writer of the run has closed, a sync
+        finishes the W&B run as failed (exit code 1) rather than finished.
+        Leaving a ``with`` block by an exception closes with ``failed=True``,
+        as ``with wandb.init()`` does.
         """
         with self._lock:
             if self._closed:
@@ -430,7 +434,7 @@ class Writer:
                     self._rotate(state)
                 except StorageError as exc:
                     _log.warning("could not note that writer %r closed: %s", state.writer, exc)
-            state.close()
+            state.close(1 if failed else 0)
 
     @property
     def closed(self) -> bool:
@@ -439,8 +443,8 @@ class Writer:
     def __enter__(self) -> Writer:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
+        self.close(failed=exc_type is not None)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"settings": self.settings}

@@ -62,6 +62,7 @@ class ShardWriter:
     target: Target
     closed_at: float | None  # when it closed; None while open, if it died, or in a shard of an older walbuf
     prefix: str  # its keys' prefix in W&B (its name, in a shard of a walbuf before revision 0008)
+    close_exit: int  # the exit code it closed with (1: an exception escaped its with block); 0 before revision 0009
 
 
 @dataclass(frozen=True)
@@ -165,9 +166,10 @@ class ShardReader:
             columns = {row[1] for row in self._conn.execute("PRAGMA table_info(writers)")}
             closed = "w.closed_at" if "closed_at" in columns else "NULL"  # revision 0007 added it
             prefix = "COALESCE(w.prefix, w.name)" if "prefix" in columns else "w.name"  # and 0008 this
+            close_exit = "COALESCE(w.close_exit, 0)" if "close_exit" in columns else "0"  # and 0009 this
             rows = self._conn.execute(
                 "SELECT w.id, r.name, w.name, w.step_axis, w.host, w.pid, r.wandb_id, r.project, r.entity,"
-                f" {closed}, {prefix} FROM writers w JOIN runs r ON r.id = w.run_id"
+                f" {closed}, {prefix}, {close_exit} FROM writers w JOIN runs r ON r.id = w.run_id"
             ).fetchall()
         found = {}
         for row in rows:
@@ -175,7 +177,7 @@ class ShardReader:
             if problem is not None:
                 raise BufferCorruptError(f"shard {self.path} holds a writer walbuf would not have written: {problem}")
             found[row[0]] = ShardWriter(
-                row[0], row[1], row[2], row[3], row[4], row[5], Target(row[6], row[7], row[8]), row[9], row[10]
+                row[0], row[1], row[2], row[3], row[4], row[5], Target(row[6], row[7], row[8]), row[9], row[10], row[11]
             )
         return found
 
@@ -320,13 +322,15 @@ class ShardReader:
 
 def _writer_problem(row: tuple[object, ...]) -> str | None:
     """Why a writers row (as writers() selects it) is not one walbuf writes, or None."""
-    wid, run, name, axis, host, pid, wandb_id, project, entity, closed_at, prefix = row
+    wid, run, name, axis, host, pid, wandb_id, project, entity, closed_at, prefix, close_exit = row
     if type(wid) is not int or type(pid) is not int:
         return "an id that is not an int"
     if not all(type(v) is str and v for v in (run, name, axis, host)) or type(prefix) is not str:
         return f"writer {wid}: a name that is not text"
     if closed_at is not None and type(closed_at) not in (int, float):
         return f"writer {name!r}: a closing time that is not a number"
+    if close_exit not in (0, 1) or type(close_exit) is not int:
+        return f"writer {name!r}: an exit code walbuf never writes"
     if not all(v is None or type(v) is str for v in (wandb_id, project, entity)):
         return f"writer {name!r}: a W&B target that is not text"
     try:

@@ -16,7 +16,7 @@ from ..errors import NotABufferError, SchemaTooNewError
 
 # Every revision in migrations/versions, oldest first. The newest is the schema
 # this code reads and writes; tests check this list against Alembic's own.
-KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008")
+KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009")
 HEAD_REVISION = KNOWN_REVISIONS[-1]
 
 # Record ids are sync cursors. 64-bit in PostgreSQL; in SQLite the column
@@ -69,6 +69,10 @@ writers = sa.Table(
     sa.Column("pruned_step", sa.BigInteger),
     # When the writer was closed; None while it is open, or if it died.
     sa.Column("closed_at", sa.Float),
+    # The exit code the writer closed with, as wandb's ``with wandb.init()``
+    # gives it: 1 when an exception escaped its ``with`` block, else 0 (NULL
+    # too: a writer closed before revision 0009). Meaningful once closed_at is set.
+    sa.Column("close_exit", sa.Integer),
     # What its keys and step axis are prefixed with in W&B ("" for none: keys
     # as logged). Set for every writer (revision 0008 copied the name, the
     # prefix every writer had before).

@@ -280,13 +280,14 @@ class Storage:
         pid: int,
         target: Target | None = None,
         closed_at: float | None = None,
+        close_exit: int = 0,
     ) -> tuple[int, int | None]:
         """Create the run and writer if new, and note it open; return (writer row id, last step or None).
 
         ``target`` (W&B id, project, entity) is stored for the run where it
         holds none yet. A writer that opens (``closed_at`` None: it may log)
-        makes the run running again; ``closed_at`` copies a writer closed
-        elsewhere (a directory buffer's shard, into the hub). Raises
+        makes the run running again; ``closed_at`` and ``close_exit`` copy a
+        writer closed elsewhere (a directory buffer's shard, into the hub). Raises
         WriterConflictError if the writer exists with another step axis or
         prefix, TargetConflictError if the run has another target.
         """
@@ -300,7 +301,7 @@ class Storage:
                     writers.c.run_id == run_id, writers.c.name == writer
                 )
             ).first()
-            values = {"host": host, "pid": pid, "opened_at": now, "closed_at": closed_at}
+            values = {"host": host, "pid": pid, "opened_at": now, "closed_at": closed_at, "close_exit": close_exit}
             if closed_at is None:
                 conn.execute(runs.update().where(runs.c.id == run_id).values(finished_exit=None))
             if row is None:
@@ -344,10 +345,12 @@ class Storage:
         with self.begin_write() as conn:
             return claim(conn, writer_pk, wanted)
 
-    def mark_closed(self, writer_pk: int) -> None:
-        """Note that the writer closed (it logs nothing more until it opens again)."""
+    def mark_closed(self, writer_pk: int, exit_code: int = 0) -> None:
+        """Note that the writer closed (it logs nothing more until it opens again), with ``exit_code`` (1: failed)."""
         with self.begin_write() as conn:
-            conn.execute(writers.update().where(writers.c.id == writer_pk).values(closed_at=time.time()))
+            conn.execute(
+                writers.update().where(writers.c.id == writer_pk).values(closed_at=time.time(), close_exit=exit_code)
+            )
 
     def add_config(self, writer_pk: int, encoded: dict[str, str], kind: ConfigKind = "config") -> None:
         """Store config or summary entries (key -> JSON text) of a writer, in one transaction."""

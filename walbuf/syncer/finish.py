@@ -5,7 +5,8 @@ off): a job still training shows "running" through any number of syncs, and
 a sync that is killed or interrupted changes nothing. Once every writer of
 the run has closed or died and everything is delivered, the next sync
 finishes the run: exit code 0 when every writer closed (W&B shows
-"finished"), 1 when a writer died without closing ("failed"). A writer that
+"finished"), 1 when a writer died without closing or closed failed (an
+exception escaped its ``with`` block, or ``close(failed=True)``: "failed"). A writer that
 opens again makes the run running again, and a later sync finishes it again.
 
 A writer is closed when its row says so (Writer.close() notes it); open
@@ -33,7 +34,7 @@ def outcome(storage: Storage, buffer: Buffer, run: str) -> int | None:
             sa.select(runs.c.id, runs.c.finished_exit, runs.c.wandb_id).where(runs.c.name == run)
         ).one()
         members = conn.execute(
-            sa.select(writers.c.id, writers.c.name, writers.c.closed_at, writers.c.synced_id).where(
+            sa.select(writers.c.id, writers.c.name, writers.c.closed_at, writers.c.close_exit, writers.c.synced_id).where(
                 writers.c.run_id == row.id
             )
         ).all()
@@ -57,9 +58,10 @@ def outcome(storage: Storage, buffer: Buffer, run: str) -> int | None:
         scan = buffer.layout.scan()
         if any(s.state != "ingested" for s in scan.shards) or scan.strangers or buffer.layout.quarantined():
             return None  # records of this run may be in a shard the hub has not taken in (or set aside, or refused)
-    died = False
+    died = False  # or failed
     for member in members:
         if member.closed_at is not None:
+            died = died or bool(member.close_exit)
             continue
         if buffer.writer_alive(run, member.name):
             return None
