@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -161,6 +162,49 @@ def test_a_deleted_run_is_refused_with_78_and_its_run_waits_for_another_target(s
     assert run_sync(server, buffer, "--run-id", "fresh1").returncode == 0
     assert [s for s, _ in rows_of(server.run("fresh1"), "w")] == [1]
     assert status(buffer)["target_refused"] is None
+
+
+@pytest.mark.backends("sqlite")
+@pytest.mark.parametrize(
+    ("answer", "message", "code"),
+    [(403, "permission denied", "PERMISSION_ERROR"), (404, "project not found", "NOT_FOUND"),
+     (200, "permission denied", "PERMISSION_ERROR")],
+    ids=["403", "404", "graphql-error-in-200"],
+)
+def test_a_refusal_of_the_first_request_exits_78_with_the_servers_words(server, buffer, answer, message, code):
+    log_steps(buffer, [0])
+    server.refuse_upserts(answer, message, code)
+    proc = run_sync(server, buffer)
+    assert proc.returncode == 78, proc.stderr
+    assert message in proc.stderr and "may write there" in proc.stderr and "Traceback" not in proc.stderr
+    assert status(buffer)["pending"] == 1
+
+
+@pytest.mark.backends("sqlite")
+def test_a_refused_api_key_at_the_first_request_exits_78_asking_for_a_login(server, buffer):
+    log_steps(buffer, [0])
+    server.refuse_upserts(401, "user is not logged in", "UNAUTHENTICATED")
+    proc = run_sync(server, buffer)
+    assert proc.returncode == 78 and "user is not logged in" in proc.stderr and "wandb login" in proc.stderr
+    assert status(buffer)["target_refused"] is None  # the target is not at fault
+
+
+@pytest.mark.backends("sqlite")
+def test_cron_reports_a_refusal_at_the_first_request_as_needing_a_person(server, buffer):
+    log_steps(buffer, [0])
+    server.refuse_upserts(403, "permission denied", "PERMISSION_ERROR")
+    cron = Path(sys.executable).parent / "walbuf-cron"
+    proc = subprocess.run([cron, str(buffer)], capture_output=True, text=True, timeout=120, env={**os.environ, **server.env()})
+    assert proc.returncode == 78
+    assert "exit 78, needs a person" in proc.stdout and "permission denied" in proc.stdout
+
+
+@pytest.mark.backends("sqlite")
+def test_https_against_a_plain_http_server_exits_78_naming_the_scheme(server, buffer):
+    log_steps(buffer, [0])
+    proc = run_sync(server, buffer, env={"WANDB_BASE_URL": server.url.replace("http://", "https://")})
+    assert proc.returncode == 78 and "scheme" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert status(buffer)["pending"] == 1
 
 
 def test_a_malformed_wandb_base_url_exits_78_not_75(server, buffer):

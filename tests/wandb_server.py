@@ -38,6 +38,14 @@ Rules of the real server it keeps, each with its source:
   UpsertBucket is answered 409, "run E/P/ID was previously created and
   deleted; try a new run name" (wandb issues 1192, 4897, 10669; the message
   and status as the server sends them). ``delete_run(id)`` deletes one.
+- A refused UpsertBucket (no permission, no such project, a revoked key)
+  is answered with a status and a GraphQL error carrying the server's
+  words and a code: ``{"errors":[{"message":"permission denied","path":
+  ["upsertBucket"],"extensions":{"code":"PERMISSION_ERROR"}}],"data":
+  {"upsertBucket":null}}`` with 403, as users quote W&B's answer (wandb
+  issues 8609 and 8800; open-r1 issue 323). A GraphQL server may give such
+  errors in a 200 reply too (GraphQL over HTTP). ``refuse_upserts(status,
+  message, code)`` answers so.
 - Rate limits: a 429 with a Retry-After header, which the client honours
   and retries (W&B docs, "limits"; wandb-core's retry policy, backoff.go).
   ``rate_limit(n)`` answers the next n requests so.
@@ -137,6 +145,7 @@ class FakeWandb:
         self._history_budget: tuple[int, int] | None = None  # (posts still accepted, status after)
         self._rate_limited = 0
         self.deleted: set[str] = set()
+        self._refusal: tuple[int, str, str] | None = None
         self._released = threading.Event()
         self._released.set()
         self._answering = threading.Event()
@@ -203,6 +212,10 @@ class FakeWandb:
         """Answer the next ``requests`` requests with 429 and Retry-After: 1."""
         with self._lock:
             self._rate_limited = requests
+
+    def refuse_upserts(self, status: int, message: str, code: str) -> None:
+        """Answer each UpsertBucket as W&B refuses one: ``status`` and a GraphQL error with ``message`` and ``code``."""
+        self._refusal = (status, message, code)
 
     def rename(self, run_id: str, name: str) -> None:
         """Rename a run, as a user does in W&B's UI."""
@@ -285,6 +298,10 @@ class FakeWandb:
         with self._lock:
             self.requests.append(("POST", "/graphql", operation))
             run_id = variables.get("name") or ""
+            if operation == "UpsertBucket" and self._refusal is not None:
+                status, message, code = self._refusal
+                error = {"message": message, "path": ["upsertBucket"], "extensions": {"code": code}}
+                return status, {"errors": [error], "data": {"upsertBucket": None}}
             if operation == "UpsertBucket" and run_id in self.deleted:
                 entity = variables.get("entity") or "walbuf-test"
                 project = variables.get("project") or "uncategorized"

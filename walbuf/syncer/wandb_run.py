@@ -109,7 +109,8 @@ class WandbRun:
             advice = _LOGIN if "API key" in str(exc) or "login" in str(exc) else "fix the setting it names"
             raise ConfigError(f"wandb refused to start the upload: {_describe(exc)}; {advice}") from exc
         except wandb.errors.Error as exc:
-            raise failure(str(exc), f"opening W&B run {target.wandb_id!r}") from exc
+            doing = f"opening W&B run {target.wandb_id!r}"
+            raise init_failure(exc, _init_log(directory), doing) from exc
         except ValueError as exc:  # wandb's settings (pydantic) refusing an environment variable
             raise ConfigError(
                 f"wandb refused a setting: {_describe(exc)}; check WANDB_BASE_URL and the other WANDB_*"
@@ -257,6 +258,68 @@ def failure(message: str, doing: str) -> WalbufError:
             advice = "check the project and entity (walbuf status shows them) and that your W&B user may write there"
         return TargetRefusedError(f"W&B refused {doing} (HTTP {code}): {detail}; {advice}")
     return ConfigError(f"W&B refused {doing} (HTTP {code}): {detail}; W&B answers this the same way each time")
+
+
+# GraphQL errors in a reply with status 200: genqlient returns them as a
+# gqlerror.List ("input: <path> <message>"), which wandb-core passes up as
+# "Error initializing run: ..." (core runupserter/runupdatework.go, runInitErrorResult).
+_GRAPHQL_ERRORS = re.compile(r"^Error initializing run: input: (?:\S+ )?(.+)", re.DOTALL)
+# The status of a refused UpsertBucket, as wandb-core's log keeps it
+# (genqlient's HTTPError: "returned error 403: {body}").
+_INIT_STATUS = re.compile(r"returned error (\d{3})\b")
+# What Go's HTTP client says of TLS that cannot work (retryablehttp does not
+# retry these: its DefaultRetryPolicy, "certificate" and the like).
+_TLS = re.compile(r"server gave HTTP response to HTTPS client|x509: |tls: ")
+_CREDENTIALS = re.compile(r"api.?key|not logged in|unauthori[sz]ed|unauthenticated|authenticat", re.IGNORECASE)
+
+
+def init_failure(exc: Exception, log: str, doing: str) -> WalbufError:
+    """The error for wandb.init failing: what the server answered, told apart from what a retry can fix.
+
+    wandb-core reports the server's refusal of its first request by its
+    text alone, without the HTTP status (core runupserter/runupdateerror.go,
+    fromGQLError), as a CommError: it comes from a status that wandb-core's
+    retry policy does not retry (400, 401, 403, 404, 410, 422 and the like:
+    core clients/retry_policy.go), so it is the server's lasting answer.
+    GraphQL errors in a 200 reply are the server's answer too. Both are
+    refusals: a retry gets the same; the message is the server's words.
+    TLS that cannot work (https against a plain-http server, a certificate
+    not trusted) is lasting too. Timeouts, exhausted retries (which keep
+    "HTTP 5xx" in the text) and connection failures (a name that does not
+    resolve included: a node without network) go to failure().
+    """
+    import wandb
+
+    message = str(exc).strip()
+    words = message.splitlines()[0][:300] if message else "no detail"
+    refused = isinstance(exc, wandb.errors.CommError) and not message.startswith("Timed out")
+    graphql = _GRAPHQL_ERRORS.match(message)
+    if graphql is not None:
+        words = graphql.group(1).strip().splitlines()[0][:300]
+    if _TLS.search(message):
+        return ConfigError(
+            f"W&B could not be reached securely while {doing}: {words}; check WANDB_BASE_URL's scheme (https or"
+            " http, as the server answers) and the server's certificate; a retry gets the same"
+        )
+    if not refused and graphql is None:
+        return failure(message, doing)
+    status = next(iter(_INIT_STATUS.findall(log)), None)
+    answer = f"HTTP {status}" if status is not None else "a GraphQL error"
+    if status == "401" or _CREDENTIALS.search(words):
+        return ConfigError(f"W&B refused {doing} ({answer}): {words}; {_LOGIN}")
+    advice = "check the project and entity (walbuf status shows them) and that your W&B user may write there"
+    return TargetRefusedError(f"W&B refused {doing} ({answer}): {words}; {advice}")
+
+
+def _init_log(directory: Path) -> str:
+    """The ERROR lines wandb-core logged for an init that failed, under ``directory`` ("" if none)."""
+    lines = []
+    for path in sorted(directory.glob("wandb/*/logs/debug-internal.log")):
+        if path.is_symlink():
+            continue
+        with path.open(encoding="utf-8", errors="replace") as log:
+            lines += [line for line in log if '"level":"ERROR' in line]
+    return "".join(lines)
 
 
 def _own_service_only() -> None:
