@@ -313,3 +313,72 @@ def test_max_seconds_ends_waiting_for_a_confirmation_that_does_not_come(server, 
     assert status(buffer)["pending"] == 10
     again = run_sync(server, buffer)
     assert again.returncode == 0 and "10 records were in an earlier upload that was cut off" in again.stderr
+
+
+def wandb_with_core(root, core):
+    """An environment whose wandb is the installed one with ``core`` (bytes and a mode, or None: none) as its wandb-core.
+
+    The package is a folder of links to the installed one's files, first on
+    PYTHONPATH; wandb runs ``bin/wandb-core`` beside its own modules.
+    """
+    import wandb
+
+    real = Path(wandb.__file__).parent
+    package = root / "wandb"
+    (package / "bin").mkdir(parents=True)
+    for entry in real.iterdir():
+        if entry.name != "bin":
+            (package / entry.name).symlink_to(entry)
+    for entry in (real / "bin").iterdir():
+        if entry.name != "wandb-core":
+            (package / "bin" / entry.name).symlink_to(entry)
+    if core is not None:
+        data, mode = core
+        (package / "bin" / "wandb-core").write_bytes(data)
+        (package / "bin" / "wandb-core").chmod(mode)
+    return {"PYTHONPATH": str(root)}
+
+
+@pytest.mark.backends("sqlite")
+@pytest.mark.parametrize(
+    "core",
+    [None, (b"#!/bin/sh\nexit 3\n", 0o644), (b"\x00\x01not a program", 0o755)],
+    ids=["missing", "not-executable", "not-a-program"],
+)
+def test_a_wandb_core_that_cannot_run_exits_78_asking_to_reinstall_wandb(server, buffer, tmp_path, core):
+    log_steps(buffer, [0])
+    proc = run_sync(server, buffer, env=wandb_with_core(tmp_path, core))
+    assert proc.returncode == 78, proc.stderr
+    assert "reinstall wandb" in proc.stderr and "Traceback" not in proc.stderr
+    assert status(buffer)["pending"] == 1
+
+
+@pytest.mark.backends("sqlite")
+def test_a_wandb_core_that_exits_at_start_exits_75(server, buffer, tmp_path):
+    log_steps(buffer, [0])
+    proc = run_sync(server, buffer, env=wandb_with_core(tmp_path, (b"#!/bin/sh\nexit 3\n", 0o755)))
+    assert proc.returncode == 75 and "exited with code 3" in proc.stderr and "Traceback" not in proc.stderr
+    assert status(buffer)["pending"] == 1
+
+
+def children(pid):
+    return [int(child) for task in Path(f"/proc/{pid}/task").iterdir() for child in (task / "children").read_text().split()]
+
+
+@pytest.mark.backends("sqlite")
+def test_wandb_core_killed_mid_sync_exits_75_in_one_line_and_the_next_sync_delivers_every_record(server, buffer):
+    log_steps(buffer, range(50))
+    server.hold_uploads()  # wandb-core sends rows and waits for the answer
+    syncer = subprocess.Popen(
+        [sys.executable, "-m", "walbuf", "sync", str(buffer), "--quiet"],
+        stderr=subprocess.PIPE, text=True, env={**os.environ, **server.env()},
+    )
+    server.wait_for_rows(1, timeout=60)
+    (core,) = [pid for pid in children(syncer.pid) if b"wandb-core" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    os.kill(core, signal.SIGKILL)
+    server.release_uploads()
+    _, stderr = syncer.communicate(timeout=120)
+    assert syncer.returncode == 75, stderr
+    assert stderr.startswith("walbuf: error: wandb-core, the process wandb uploads through, ended") and stderr.count("\n") == 1
+    assert run_sync(server, buffer).returncode == 0
+    assert set(steps_arrived(server, buffer)) == set(range(50))

@@ -29,6 +29,7 @@ import os
 import re
 import socket
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 from ..errors import ConfigError, MetricValueError, MissingExtraError, TargetRefusedError, UploadError, WalbufError
@@ -103,6 +104,13 @@ class WandbRun:
                 settings=settings,
                 reinit="create_new",
             )
+        except wandb.errors.WandbCoreNotAvailableError as exc:
+            raise ConfigError(f"wandb cannot run its upload process: {_describe(exc)}; {_REINSTALL}") from exc
+        except OSError as exc:
+            if not str(exc.filename or "").endswith("wandb-core"):
+                raise
+            # wandb-core is there but cannot be executed (not executable, not a program for this machine).
+            raise ConfigError(f"wandb cannot run its upload process: {_describe(exc)}; {_REINSTALL}") from exc
         except wandb.errors.AuthenticationError as exc:
             raise ConfigError(f"W&B refused the credentials: {_describe(exc)}; {_LOGIN}") from exc
         except wandb.errors.UsageError as exc:
@@ -137,7 +145,8 @@ class WandbRun:
         import wandb
 
         try:
-            self._run.define_metric(_escape(key), step_metric=_escape(step_metric))
+            with _core_connection("declaring metrics"):
+                self._run.define_metric(_escape(key), step_metric=_escape(step_metric))
         except (ValueError, TypeError, wandb.errors.Error) as exc:  # local: about the name, not the network
             raise RowRefused(f"wandb refused to declare metric {key!r}: {_describe(exc)}") from exc
 
@@ -147,7 +156,8 @@ class WandbRun:
         Histograms in their stored form are sent as wandb.Histogram; an
         image's reference as W&B keeps it (what :meth:`log` returned) as it is.
         """
-        self._run.summary.update(_histograms(summary))
+        with _core_connection("sending the summary"):
+            self._run.summary.update(_histograms(summary))
 
     def log(self, row: dict[str, Any], step: int | None = None) -> dict[str, Any]:
         """Send one history row (histograms and images in their stored form); RowRefused if wandb refuses its data.
@@ -171,7 +181,8 @@ class WandbRun:
 
     def _log(self, row: dict[str, Any], step: int | None) -> None:
         try:
-            self._run.log(row, step=step)  # wandb.log copies the row
+            with _core_connection("sending history"):
+                self._run.log(row, step=step)  # wandb.log copies the row
         except (ValueError, TypeError) as exc:
             raise RowRefused(f"wandb refused the row: {_describe(exc)}") from exc
 
@@ -215,7 +226,8 @@ class WandbRun:
         with contextlib.suppress(FileNotFoundError):
             self._images.rmdir()  # empty: each image's file goes once wandb has copied it
         try:
-            self._run.finish(exit_code=exit_code)
+            with _core_connection("finishing the upload"):
+                self._run.finish(exit_code=exit_code)
         except wandb.errors.Error as exc:
             raise failure(str(exc), "finishing the upload") from exc
         problem = _upload_failure(self._run)
@@ -223,10 +235,36 @@ class WandbRun:
             raise failure(problem, "the upload")
 
 
+@contextlib.contextmanager
+def _core_connection(doing: str) -> Iterator[None]:
+    """Turn wandb-core's end (its connection lost: killed, out of memory) into UploadError.
+
+    wandb's Python side talks to nothing but wandb-core, its upload
+    process, so a connection error out of a wandb call is that process gone;
+    wandb raises it raw (ConnectionResetError: "Connection lost"), or, to a
+    call waiting for a reply, as HandleAbandonedError.
+    """
+    import wandb
+    from wandb.sdk.mailbox import HandleAbandonedError  # a reply that cannot come: the connection is gone
+
+    try:
+        yield
+    except (ConnectionError, HandleAbandonedError) as exc:
+        # wandb's exit hook would tell the gone process goodbye and print the
+        # ConnectionResetError that gets; its teardown, done here, unhooks it.
+        with contextlib.suppress(ConnectionError):
+            wandb.teardown()
+        raise UploadError(
+            f"wandb-core, the process wandb uploads through, ended while {doing} ({_describe(exc)}): it was"
+            " killed or ran out of memory; nothing was marked synced; retry later"
+        ) from exc
+
+
 class RowRefused(Exception):
     """wandb refused one row's data: the same row would be refused again. Caught by the syncer."""
 
 
+_REINSTALL = "reinstall wandb for this machine (pip install --force-reinstall wandb); a retry gets the same"
 _LOGIN = "run `wandb login` or set WANDB_API_KEY (and WANDB_BASE_URL for a private server)"
 _STATUS = re.compile(r"\bHTTP (\d{3})\b|\b(\d{3}) [A-Z][a-z]+(?: [A-Z][a-z]+)* url=|\"status\":(\d{3})")
 
