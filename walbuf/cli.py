@@ -16,7 +16,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -33,9 +33,15 @@ from .ops import status as buffer_status
 from .record import Record
 from .syncer import RunSync, SyncResult
 from .syncer import sync as sync_buffer
+from .syncer.budget import end_process_after, process_age
+from .syncer.wandb_run import kill_wandb_core
 
 EXIT_HELP = exitcodes.help_text()
 CRON_MAX_SECONDS = 540.0
+# After --max-seconds, how long the process may take to end before it is ended.
+PROCESS_GRACE = 0.5
+# The least a sync is given when its process took its whole bound to start.
+MIN_SECONDS_LEFT = 0.1
 QUARANTINE_SHOWN = 5  # quarantined records named one by one; the rest are counted  # ends each sync before the next one of a 10-minute crontab starts
 
 
@@ -166,7 +172,7 @@ def _sync_options(command: Any) -> Any:
         click.option(
             "--max-seconds",
             type=_Seconds(),
-            help="End the whole sync within this many seconds, wandb's start and finish included; the rest waits for the next.",
+            help="End the process within this many seconds of its start (plus at most 1), wandb's start and finish included; the rest waits for the next sync.",
         ),
         click.option(
             "--wait",
@@ -217,7 +223,7 @@ class _Progress:
 
 
 @contextmanager
-def _process_of_its_own(verbose: bool) -> Iterator[None]:
+def _process_of_its_own(verbose: bool) -> Iterator[str]:
     """Settings for a process that the command owns, while it syncs.
 
     wandb prints its own notes ("Loaded credentials", "shared mode is
@@ -234,16 +240,58 @@ def _process_of_its_own(verbose: bool) -> Iterator[None]:
     for name in ("TMPDIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
         os.environ[name] = folder
     try:
-        yield
+        yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _run_sync(options: dict[str, Any], *, dry_run: bool, quiet: bool, verbose: bool = False) -> SyncResult:
+def _bound_process(options: dict[str, Any], folder: str, overrun: Callable[[str], int]) -> dict[str, Any]:
+    """Hold the whole process to --max-seconds: the options for the sync, the bound made what is left of it.
+
+    The bound counts from the process's start (Python's start and imports
+    are in it); the sync's own hard stop ends the upload at the bound, and
+    PROCESS_GRACE later the process ends whatever it waits for (wandb's
+    teardown): wandb-core is killed, so that nothing more is sent once
+    walbuf has said so, and ``overrun(why)`` says so and gives the exit code.
+    """
+    bound = options["max_seconds"]
+    if bound is None:
+        return options
+    left = bound - process_age()
+    why = (
+        f"the time bound of {bound:g}s (--max-seconds) passed while wandb was ending; what W&B confirmed"
+        " before is marked synced, the rest waits for the next sync"
+    )
+
+    def last_words() -> int:
+        kill_wandb_core()
+        shutil.rmtree(folder, ignore_errors=True)
+        return overrun(why)
+
+    end_process_after(left + PROCESS_GRACE, last_words)
+    return {**options, "max_seconds": max(MIN_SECONDS_LEFT, left)}
+
+
+def _sync_overrun(why: str) -> int:
+    sys.stderr.write(f"walbuf: error: {why}; retry later\n")
+    sys.stderr.flush()
+    return exitcodes.TEMPFAIL.code
+
+
+def _run_sync(
+    options: dict[str, Any],
+    *,
+    dry_run: bool,
+    quiet: bool,
+    verbose: bool = False,
+    overrun: Callable[[str], int] = _sync_overrun,
+) -> SyncResult:
     """Call walbuf.sync with the command's options; print its warnings (even when quiet)."""
     shown = _Progress(quiet, dry_run)
     try:
-        with _process_of_its_own(verbose):
+        with _process_of_its_own(verbose) as folder:
+            if not dry_run:
+                options = _bound_process(options, folder, overrun)
             result = sync_buffer(
                 options["buffer"],
                 run=options["run_name"],
@@ -352,8 +400,14 @@ def cron(**options: Any) -> None:
         options["max_seconds"] = CRON_MAX_SECONDS
     buffer = _shown(options["buffer"])
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+
+    def overrun(why: str) -> int:
+        sys.stdout.write(f"{stamp} walbuf sync {buffer}: exit {exitcodes.TEMPFAIL.code}, will retry: {why}\n")
+        sys.stdout.flush()
+        return 0
+
     try:
-        result = _run_sync(options, dry_run=False, quiet=True)
+        result = _run_sync(options, dry_run=False, quiet=True, overrun=overrun)
     except WalbufError as exc:
         code = exitcodes.for_error(exc)
         then = "will retry" if code.retry else "needs a person"

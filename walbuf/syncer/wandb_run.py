@@ -27,6 +27,7 @@ import io
 import json
 import os
 import re
+import signal
 import socket
 from pathlib import Path
 from collections.abc import Iterator
@@ -358,6 +359,19 @@ def _init_log(directory: Path) -> str:
         with path.open(encoding="utf-8", errors="replace") as log:
             lines += [line for line in log if '"level":"ERROR' in line]
     return "".join(lines)
+
+
+def kill_wandb_core() -> None:
+    """SIGKILL the wandb-core processes this process started (Linux; elsewhere nothing), so that nothing more is sent."""
+    tasks = Path(f"/proc/{os.getpid()}/task")
+    if not tasks.is_dir():
+        return
+    for task in tasks.iterdir():
+        with contextlib.suppress(OSError):  # a thread or child that ended meanwhile
+            for child in (task / "children").read_text().split():
+                argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+                if any(arg.endswith(b"wandb-core") for arg in argv[:2]):  # the program, or a script's interpreter's file
+                    os.kill(int(child), signal.SIGKILL)
 
 
 def _own_service_only() -> None:
