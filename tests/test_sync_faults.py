@@ -412,3 +412,21 @@ def process_state(pid):
     except FileNotFoundError:
         return None
     return stat[stat.rindex(")") + 2]
+
+
+@pytest.mark.backends("sqlite")
+def test_storage_refusing_an_image_upload_is_retried_later_and_never_refuses_the_runs_target(server, buffer):
+    import numpy as np
+
+    with walbuf.Writer(buffer, writer="w", run="exp") as w:
+        w.log({"x": 0, "img": walbuf.Image(np.zeros((4, 4, 3), dtype=np.uint8))})
+        w.log({"x": 1})
+    server.refuse_file_uploads(403)
+    proc = run_sync(server, buffer)
+    assert proc.returncode == 75 and "file storage refused the upload of media/images/" in proc.stderr, proc.stderr
+    assert status(buffer)["target_refused"] is None and status(buffer)["pending"] == 2
+    server.refuse_file_uploads(None)
+    assert run_sync(server, buffer).returncode == 0
+    (fake_run,) = server.runs.values()
+    assert any(name.startswith("media/images/") for name in fake_run.files)
+    assert set(steps_arrived(server, buffer)) == {0, 1}

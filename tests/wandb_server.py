@@ -146,6 +146,7 @@ class FakeWandb:
         self._rate_limited = 0
         self.deleted: set[str] = set()
         self._refusal: tuple[int, str, str] | None = None
+        self._storage_refusal: int | None = None
         self._released = threading.Event()
         self._released.set()
         self._answering = threading.Event()
@@ -216,6 +217,10 @@ class FakeWandb:
     def refuse_upserts(self, status: int, message: str, code: str) -> None:
         """Answer each UpsertBucket as W&B refuses one: ``status`` and a GraphQL error with ``message`` and ``code``."""
         self._refusal = (status, message, code)
+
+    def refuse_file_uploads(self, status: int | None) -> None:
+        """Answer each file upload (a PUT to the URL CreateRunFiles gave) with ``status`` as storage does; None heals."""
+        self._storage_refusal = status
 
     def rename(self, run_id: str, name: str) -> None:
         """Rename a run, as a user does in W&B's UI."""
@@ -446,6 +451,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _reply_xml(self, status: int, body: str) -> None:
+        data = body.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         self._body()
         self._reply(200, {})
@@ -456,6 +469,8 @@ class _Handler(BaseHTTPRequestHandler):
         if failing:
             return self._reply(failing, {"error": "injected failure"})
         if self.path.startswith("/upload/"):
+            if self.fake._storage_refusal is not None:
+                return self._reply_xml(self.fake._storage_refusal, _STORAGE_DENIED)
             self.fake.upload(self.path, data)
         self._reply(200, {})
 
@@ -488,6 +503,13 @@ class _Handler(BaseHTTPRequestHandler):
             return self._reply(200, {"exitcode": None, "limits": {}})
         # Telemetry (/sdk/otel/...) and anything else: accepted and ignored.
         self._reply(200, {})
+
+
+# What S3 answers a PUT to a presigned URL that expired or that a bucket
+# policy denies (AWS docs, "Error responses"; GCS answers the same shape).
+_STORAGE_DENIED = (
+    '<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code><Message>Request has expired</Message></Error>'
+)
 
 
 def _graphql_id(kind: str, name: str) -> str:

@@ -231,9 +231,18 @@ class WandbRun:
                 self._run.finish(exit_code=exit_code)
         except wandb.errors.Error as exc:
             raise failure(str(exc), "finishing the upload") from exc
-        problem = _upload_failure(self._run)
+        problem, refused_files = _upload_failure(self._run)
         if problem is not None:
             raise failure(problem, "the upload")
+        if refused_files:
+            # A per-file refusal of W&B's storage (an upload URL that expired, a
+            # bucket policy) says nothing of the run's target: retry later.
+            refused = list(dict.fromkeys(refused_files))  # one line per try of a file
+            names = ", ".join(refused[:3]) + (f" and {len(refused) - 3} more" if len(refused) > 3 else "")
+            raise UploadError(
+                f"W&B's file storage refused the upload of {names}, so nothing was marked synced; retry later"
+                " (storage refuses an upload URL that expired; the next sync asks W&B for new ones)"
+            )
 
 
 @contextlib.contextmanager
@@ -443,8 +452,11 @@ def _retry_settings() -> dict[str, Any]:
     }
 
 
-def _upload_failure(run: Any) -> str | None:
-    """What wandb-core logged as errors for this run ("" joined lines), or None if nothing.
+_TASK_NAME = re.compile(r"\bName: ([^,]+),")  # wandb-core's DefaultUploadTask, as it logs one
+
+
+def _upload_failure(run: Any) -> tuple[str | None, list[str]]:
+    """What wandb-core logged as errors for this run: the errors ("\n" joined, or None), and the files storage refused.
 
     run.finish() returns normally even when wandb-core gave up on the upload
     (seen with wandb 0.31: the file_stream failing with HTTP 500, or the
@@ -454,12 +466,15 @@ def _upload_failure(run: Any) -> str | None:
     this upload. Any error counts: the records stay pending and are sent
     again, at worst twice, never lost. The lines keep their HTTP status
     (a "status" field, or "HTTP 500" in the message), which says whether a
-    retry can help (see failure()).
+    retry can help (see failure()). A file's upload to storage (a PUT to
+    the URL W&B gave, or wandb-core's "file transfer" line) is told apart:
+    storage refusing one file is no answer about the run's target.
     """
     path = Path(run.settings.log_internal)
     if not path.exists():
-        return "wandb wrote no internal log, so the upload cannot be confirmed"
-    errors = []
+        return "wandb wrote no internal log, so the upload cannot be confirmed", []
+    errors: list[str] = []
+    files: list[str] = []
     with path.open(encoding="utf-8", errors="replace") as log:
         for line in log:
             if '"level":"ERROR' not in line:
@@ -469,9 +484,16 @@ def _upload_failure(run: Any) -> str | None:
             except json.JSONDecodeError:
                 errors.append(line.strip())
                 continue
+            message = str(entry.get("msg", line.strip()))
+            if entry.get("method") == "PUT" and isinstance(entry.get("url"), str):
+                continue  # the HTTP layer's line of a refused file; the transfer's line below names the file
+            if message.startswith("file transfer:"):
+                named = _TASK_NAME.search(str(entry.get("task", "")))
+                files.append(named.group(1) if named else message[:200])
+                continue
             status = f' "status":{entry["status"]}' if isinstance(entry.get("status"), int) else ""
-            errors.append(f"{entry.get('msg', line.strip())}{status}")
-    return "\n".join(errors) if errors else None
+            errors.append(f"{message}{status}")
+    return ("\n".join(errors) if errors else None), files
 
 
 def _describe(exc: BaseException) -> str:
