@@ -31,7 +31,11 @@ Rules of the real server it keeps, each with its source:
   ``X-WANDB-USE-ASYNC-FILESTREAM: true``, core/internal/stream/stream_init.go)
   sending history to a run whose history a non-shared writer sent (as
   `wandb sync` of an offline run does) is answered 409, "cannot enable shared
-  mode for run ... with existing history" (wandb issue 12269: unsupported).
+  mode for run ... with existing history", and its rows are dropped (what
+  users' tools report meeting on the file_stream: ../shared/wandb-server-notes.md,
+  "Mixing modes"). W&B staff call mixing modes unsupported (wandb issue
+  12269, whose report is of rows silently overwritten instead: either way
+  rows are lost, and walbuf refuses to mix modes before the server can).
 - A history or summary line over MAX_LINE_BYTES is not kept (``dropped_lines``).
 
 - A run id that was created and then deleted cannot be used again: its
@@ -342,8 +346,10 @@ class FakeWandb:
                 }
             }
         if "serverInfo" in query:
-            # W&B's server expands glob metric definitions itself (wandb-core asks
-            # for EXPAND_DEFINED_METRIC_GLOBS: runupserter.go, featurechecker).
+            # W&B's server expands glob metric definitions itself; wandb 0.31 no
+            # longer asks (the x_server_side_expand_glob_metrics setting went as
+            # "always true for supported server versions", PR 12844; the client
+            # uploads only the glob, runupserter.go), so this answer is for older clients.
             features = [{"name": "EXPAND_DEFINED_METRIC_GLOBS", "isEnabled": True}]
             return {"data": {"serverInfo": {"features": features, "cliVersionInfo": {}, "latestLocalVersionInfo": None}}}
         if operation == "OrganizationCoreWeaveOrganizationID":
