@@ -17,6 +17,7 @@ import pytest
 
 import walbuf
 from conftest import run_sync
+from wandb_server import STALE_SECONDS
 
 pytestmark = [pytest.mark.backends("sqlite", "postgresql"), pytest.mark.slow]
 
@@ -39,6 +40,39 @@ def test_a_job_with_a_writer_open_stays_running_through_syncs(server, buffer):
         fake_run = the_run(server, buffer)
         assert not fake_run.complete
         assert not HOST_FILES & set(fake_run.files)  # the syncer's host is not the run's
+
+
+def test_between_syncs_a_job_still_running_shows_preempted_never_crashed(server, buffer):
+    with walbuf.Writer(buffer, writer="train", run="exp") as w:
+        w.log({"loss": 1.0})
+        assert run_sync(server, buffer).returncode == 0
+        fake_run = the_run(server, buffer)
+        assert server.state(fake_run.id) == "preempting"
+        server.advance(STALE_SECONDS)  # the next cron sync is far off
+        assert server.state(fake_run.id) == "preempted"
+        w.log({"loss": 0.5})
+        assert run_sync(server, buffer).returncode == 0
+        assert server.state(fake_run.id) == "preempting"
+    assert run_sync(server, buffer).returncode == 0
+    server.advance(STALE_SECONDS)
+    assert server.state(fake_run.id) == "finished"
+
+
+def test_the_fake_marks_a_run_crashed_once_it_heard_nothing_for_5_minutes(server, tmp_path):
+    """The server's rule the test above holds walbuf to, shown with wandb's own shared-mode writer."""
+    code = (
+        "import wandb\n"
+        "run = wandb.init(id='quiet1', project='p', settings=wandb.Settings(mode='shared', x_primary=False,"
+        " x_update_finish_state=False, console='off', silent=True))\n"
+        "run.log({'loss': 1.0})\n"
+        "run.finish()\n"
+    )
+    env = {k: v for k, v in {**os.environ, **server.env()}.items() if k != "WANDB_SERVICE"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert server.state("quiet1") == "running"
+    server.advance(STALE_SECONDS)
+    assert server.state("quiet1") == "crashed"
 
 
 def test_closing_every_writer_then_syncing_finishes_the_run_with_exit_code_0(server, buffer):

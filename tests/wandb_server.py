@@ -37,6 +37,14 @@ Rules of the real server it keeps, each with its source:
   12269, whose report is of rows silently overwritten instead: either way
   rows are lost, and walbuf refuses to mix modes before the server can).
 - A history or summary line over MAX_LINE_BYTES is not kept (``dropped_lines``).
+- Run state (``state(run_id)``; W&B docs, "run states"): finished or failed
+  once a writer sent ``complete`` (by its exit code); else crashed once the
+  server has heard nothing for STALE_SECONDS, 5 minutes (W&B docs, sweeps
+  "signal handling"; the stale-runs sweep of wandb PR 12500), or preempted
+  if the last writer said ``preempting`` ("the run isn't dead and [will]
+  send more updates later": core filestream/filestreamrequest.go); else
+  running, or preempting until another writer sends. The server's clock is
+  the fake's: ``advance(seconds)`` moves it.
 
 - A run id that was created and then deleted cannot be used again: its
   UpsertBucket is answered 409, "run E/P/ID was previously created and
@@ -73,6 +81,7 @@ import re
 import socket
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -83,6 +92,8 @@ API_KEY = "walbuftest" + "0" * 30  # 40 characters, no dash (wandb splits keys a
 # sending (core/internal/filestream/filestream.go, defaultMaxFileLineBytes;
 # updatehistory.go); the server is assumed to keep no longer line either.
 MAX_LINE_BYTES = (10 << 20) - (100 << 10)
+# How long the server waits for a heartbeat before it marks a run crashed (see the rules above).
+STALE_SECONDS = 300.0
 
 
 @dataclass
@@ -100,6 +111,8 @@ class FakeRun:
     complete: bool = False
     exit_code: int | None = None
     display_name: str | None = None
+    preempting_stream: str | None = None  # the writer that said the run will send more later, until another sends
+    last_heard: float = 0.0  # the server's clock at its last request
     # (client stream, file name) -> {line offset: line}
     lines: dict[tuple[str, str], dict[int, str]] = field(default_factory=dict)
     non_shared_history: bool = False  # a writer not in shared mode sent history (`wandb sync` of an offline run)
@@ -151,6 +164,7 @@ class FakeWandb:
         self.deleted: set[str] = set()
         self._refusal: tuple[int, str, str] | None = None
         self._storage_refusal: int | None = None
+        self._clock_ahead = 0.0
         self._released = threading.Event()
         self._released.set()
         self._answering = threading.Event()
@@ -225,6 +239,24 @@ class FakeWandb:
     def refuse_file_uploads(self, status: int | None) -> None:
         """Answer each file upload (a PUT to the URL CreateRunFiles gave) with ``status`` as storage does; None heals."""
         self._storage_refusal = status
+
+    def advance(self, seconds: float) -> None:
+        """Move the server's clock on, as if ``seconds`` passed with nothing heard."""
+        with self._lock:
+            self._clock_ahead += seconds
+
+    def now(self) -> float:
+        return time.monotonic() + self._clock_ahead
+
+    def state(self, run_id: str) -> str:
+        """The run's state as W&B would show it now (see the rules above)."""
+        with self._lock:
+            run = self.run(run_id)
+            if run.complete:
+                return "finished" if run.exit_code == 0 else "failed"
+            if self.now() - run.last_heard >= STALE_SECONDS:
+                return "preempted" if run.preempting_stream is not None else "crashed"
+            return "preempting" if run.preempting_stream is not None else "running"
 
     def rename(self, run_id: str, name: str) -> None:
         """Rename a run, as a user does in W&B's UI."""
@@ -362,6 +394,7 @@ class FakeWandb:
         project = variables.get("project") or "uncategorized"
         run = self._run(entity, project, variables.get("name") or "")
         run.upserts.append(variables)
+        run.last_heard = self.now()
         if variables.get("config"):
             run.config = json.loads(variables["config"])
         if variables.get("displayName"):
@@ -391,6 +424,11 @@ class FakeWandb:
         with self._lock:
             self.requests.append(("POST", f"/files/{entity}/{project}/{run_id}/file_stream", None))
             run = self._run(entity, project, run_id)
+            run.last_heard = self.now()
+            if body.get("preempting"):
+                run.preempting_stream = stream
+            elif stream != run.preempting_stream:
+                run.preempting_stream = None  # another writer is sending: running
             files = body.get("files") or {}
             if "wandb-history.jsonl" in files:
                 if shared and run.non_shared_history:

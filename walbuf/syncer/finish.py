@@ -1,8 +1,13 @@
 """Run state: a W&B run is running while its job may still log, and finished once it is done.
 
-Every upload leaves the W&B run's state alone (wandb's x_update_finish_state
-off): a job still training shows "running" through any number of syncs, and
-a sync that is killed or interrupted changes nothing. Once every writer of
+Every upload leaves the W&B run's finish state alone (wandb's
+x_update_finish_state off): a sync never finishes a run whose job may still
+log, and a sync that is killed or interrupted changes nothing. W&B's server
+marks a run crashed once it has heard nothing for about 5 minutes, and
+between syncs nothing is connected; so each upload of a run that goes on
+ends by marking it preempting (wandb's signal for a run that will send more
+later: W&B shows it preempting, then preempted, never crashed), and the
+next upload makes it running again. Once every writer of
 the run has closed or died and everything is delivered, the next sync
 finishes the run: exit code 0 when every writer closed (W&B shows
 "finished"), 1 when a writer died without closing or closed failed (an

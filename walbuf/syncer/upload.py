@@ -96,6 +96,10 @@ def upload(
                 finish_state=finish_code is not None,
             )
             replay.into(wandb_run, merged)
+            if finish_code is None and mode == "online":
+                # The job goes on: say so, or W&B marks the run crashed once
+                # it has heard nothing for 5 minutes (walbuf.syncer.finish).
+                wandb_run.mark_preempting()
             wandb_run.finish(exit_code=finish_code)
     except BaseException as exc:
         # Whatever ended the upload is raised on; first its entry is closed

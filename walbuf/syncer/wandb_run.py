@@ -216,6 +216,17 @@ class WandbRun:
             images[key] = wandb.Image(str(path), caption=value["caption"])
         return images
 
+    def mark_preempting(self) -> None:
+        """Tell W&B the run will send more later (wandb-core's "preempting" signal on the file_stream).
+
+        W&B marks a run crashed after about 5 minutes without a heartbeat
+        (W&B docs, sweeps "signal handling"); a run marked preempting is
+        shown preempting, then preempted, instead: "the run isn't dead and
+        [will] send more updates later" (core filestream/filestreamrequest.go).
+        """
+        with _core_connection("marking the run preempting"):
+            self._run.mark_preempting()
+
     def finish(self, exit_code: int | None = None) -> None:
         """End the upload; raise UploadError or ConfigError unless wandb confirms everything was uploaded.
 
