@@ -362,7 +362,13 @@ def test_a_wandb_core_that_exits_at_start_exits_75(server, buffer, tmp_path):
 
 
 def children(pid):
-    return [int(child) for task in Path(f"/proc/{pid}/task").iterdir() for child in (task / "children").read_text().split()]
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            found += [int(child) for child in (task / "children").read_text().split()]
+        except FileNotFoundError:  # a thread that ended meanwhile
+            continue
+    return found
 
 
 @pytest.mark.backends("sqlite")

@@ -11,6 +11,7 @@ Public API::
     def evaluate(checkpoint) -> dict: ...
     for record in walbuf.read("runs/exp1.db"): ...
     walbuf.sync("runs/exp1.db")            # `walbuf sync`
+    walbuf.follow("runs/exp1.db")          # `walbuf sync --follow`
     walbuf.status("runs/exp1.db")          # `walbuf status`
     walbuf.prune("runs/exp1.db", older_than=7 * 86400)   # `walbuf prune`
     walbuf.doctor("runs/exp1.db")          # `walbuf doctor`
@@ -67,7 +68,7 @@ from .ops import (
 from .record import Record, Value
 from .settings import WriterSettings, default_writer_id
 from .store import Durability, Target
-from .syncer import ConfigChange, RunSync, SyncMode, SyncResult, sync
+from .syncer import ConfigChange, FollowResult, RunSync, SyncMode, SyncResult, follow, sync
 from .writer import Writer, init, log
 
 __version__ = "0.1.0"
@@ -93,6 +94,8 @@ __all__ = [
     "Record",
     "Value",
     "sync",
+    "follow",
+    "FollowResult",
     "SyncMode",
     "SyncResult",
     "RunSync",

@@ -84,11 +84,12 @@ class DatabaseBuffer:
         """Whether a process holds ``writer`` of ``run`` open now. Changes nothing."""
         return self.backend.lock_held(writer_lock_name(run, writer))
 
-    def open_for_sync(self, stop: Callable[[], bool] | None = None) -> SyncSource:
-        """The database sync uploads from, checked whole for damage. The caller holds the sync lock."""
+    def open_for_sync(self, stop: Callable[[], bool] | None = None, *, check: bool = True) -> SyncSource:
+        """The database sync uploads from, checked whole for damage (unless ``check`` is off). The caller holds the sync lock."""
         storage = Storage(self.backend, access="write")
         try:
-            storage.check_integrity()
+            if check:
+                storage.check_integrity()
         except BaseException:
             storage.close()
             raise

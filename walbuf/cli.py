@@ -33,6 +33,8 @@ from .ops import status as buffer_status
 from .record import Record
 from .syncer import RunSync, SyncResult
 from .syncer import sync as sync_buffer
+from .syncer.follow import DEFAULT_INTERVAL
+from .syncer.follow import follow as follow_buffer
 from .syncer.budget import end_process_after, process_age
 from .syncer.wandb_run import kill_wandb_core
 
@@ -100,6 +102,41 @@ def _json_line(record: Record) -> str:
         line["quarantined"] = record.quarantined
     # A histogram as stored and as W&B keeps it: {"_type": "histogram", ...}; an image as stored.
     return json.dumps(line, allow_nan=True, default=lambda value: value.to_json())
+
+
+def _follow(options: dict[str, Any], interval: float, *, quiet: bool, verbose: bool, dry_run: bool) -> None:
+    """`walbuf sync --follow`: walbuf.follow with the command's options, a line per pass that sent something."""
+    alone = {"--dry-run": dry_run, "--max-records": options["max_records"], "--max-seconds": options["max_seconds"],
+             "--wait": options["wait"], "--dir": options["directory"], "--mode offline": options["mode"] == "offline"}
+    given = [name for name, value in alone.items() if value]
+    if given:
+        raise click.UsageError(f"--follow streams online until the job ends: it takes no {', '.join(given)}")
+
+    def on_pass(result: SyncResult) -> None:
+        for run in result.runs:
+            if not quiet and (run.records or run.finished is not None):
+                click.echo(f"{time.strftime('%H:%M:%S')} {run.run} -> {_target_text(run)}: {run.records} records synced")
+            if not quiet and run.finished is not None:
+                click.echo(f"  finished the W&B run with exit code {run.finished}")
+        for message in (*result.set_aside, *result.refused):
+            click.echo(f"walbuf: warning: {message}", err=True)
+
+    def on_retry(exc: WalbufError) -> None:
+        click.echo(f"walbuf: warning: {exc}; the follow tries again in {interval:g}s", err=True)
+
+    with _errors(), _process_of_its_own(verbose):
+        done = follow_buffer(
+            options["buffer"],
+            run=options["run_name"],
+            project=options["project"],
+            entity=options["entity"],
+            run_id=options["run_id"],
+            interval=interval,
+            on_pass=on_pass,
+            on_retry=on_retry,
+        )
+    if not quiet:
+        click.echo(f"followed to the end: {done.records} records synced in {done.passes} passes")
 
 
 @main.command(epilog=EXIT_HELP)
@@ -341,13 +378,29 @@ def _run_sync(
 @click.option("--dry-run", is_flag=True, help="Say what would be sent; send and change nothing.")
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors and warnings that need a person (for cron).")
 @click.option("--verbose", "-v", is_flag=True, help="Also show wandb's own messages (silenced otherwise).")
-def sync(dry_run: bool, quiet: bool, verbose: bool, **options: Any) -> None:
+@click.option(
+    "--follow",
+    "-f",
+    is_flag=True,
+    help="Stream records as they are logged, until every writer has closed and all is delivered (BUFFER may not exist yet).",
+)
+@click.option(
+    "--interval",
+    type=_Seconds(),
+    default=DEFAULT_INTERVAL,
+    show_default=True,
+    help="With --follow: seconds between passes.",
+)
+def sync(dry_run: bool, quiet: bool, verbose: bool, follow: bool, interval: float, **options: Any) -> None:
     """Replay BUFFER's records not yet synced into W&B, one shared-mode run per walbuf run.
 
     A record is marked synced only after W&B confirmed its upload. In W&B,
     writer W's metric K is logged as P/K, on the step axis P/<step_axis>,
     where the prefix P is W unless the writer set another ("": none).
     """
+    if follow:
+        _follow(options, interval, quiet=quiet, verbose=verbose, dry_run=dry_run)
+        return
     if not quiet:
         _say_what_walbuf_waits_for()
     with _errors():

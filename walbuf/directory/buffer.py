@@ -96,19 +96,21 @@ class DirectoryBuffer:
         """Whether a process on any host holds ``writer`` of ``run`` open now (the lock is in locks/). Changes nothing."""
         return self._hub().lock_held(writer_lock_name(run, writer))
 
-    def open_for_sync(self, stop: Callable[[], bool] | None = None) -> SyncSource:
+    def open_for_sync(self, stop: Callable[[], bool] | None = None, *, check: bool = True) -> SyncSource:
         """Seal the live shards nobody uses (of any host), copy every shard this host may read into the hub; the hub, open.
 
         Also what was set aside (damaged or refused shards moved to
         quarantine/) and what was not opened (see Layout.strangers), a
         message each: the others went on. ``stop`` ends the copying early
-        (see walbuf.directory.ingest). The caller holds the sync lock.
+        (see walbuf.directory.ingest). The hub is checked whole for damage
+        unless ``check`` is off. The caller holds the sync lock.
         """
         layout = self.layout
         hub = self.open_store("create")
         assert hub is not None
         try:
-            hub.check_integrity()
+            if check:
+                hub.check_integrity()
             host = host_name()
             sealing = seal_unused(layout, host)
             taken = ingest(layout, hub, host, stop)

@@ -1,6 +1,7 @@
 """The syncer: uploads what writers appended into W&B, one shared-mode run per walbuf run.
 
 - :mod:`.syncer`: :func:`sync`, the whole invocation (lock, take-in, plan, upload per run)
+- :mod:`.follow`: :func:`follow`, passes of sync in one process until the job ends (``sync --follow``)
 - :mod:`.plan`: which records one run's upload covers, and its W&B target
 - :mod:`.upload`: replaying them, and advancing the cursors once W&B confirmed
 - :mod:`.metrics`: the run's metric definitions, key claims and last values
@@ -16,7 +17,8 @@ ranks' ``loss`` stay apart. With the prefix "" keys and axis are sent as
 logged, each key declared against the axis (see :mod:`.metrics`).
 """
 
+from .follow import FollowResult, follow
 from .results import ConfigChange, RunSync, SyncMode, SyncResult
 from .syncer import sync
 
-__all__ = ["ConfigChange", "RunSync", "SyncMode", "SyncResult", "sync"]
+__all__ = ["ConfigChange", "FollowResult", "RunSync", "SyncMode", "SyncResult", "follow", "sync"]

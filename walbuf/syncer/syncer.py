@@ -143,6 +143,8 @@ def _sync_run(
     budget: Budget,
     progress: Callable[[int], None] | None,
     on_run: Callable[[RunSync], None] | None,
+    *,
+    more_soon: bool = False,
 ) -> RunSync | None:
     """Upload one run's pending records, then finish its W&B run if its job is done; what was done, if anything.
 
@@ -151,7 +153,7 @@ def _sync_run(
     run would, if killed, leave the run finished by wandb's service before
     its last records arrived.
     """
-    report = _upload(storage, name, overrides, mode, folder, budget, progress, on_run, None)
+    report = _upload(storage, name, overrides, mode, folder, budget, progress, on_run, None, more_soon)
     if report is not None and report.cut_short:
         return report
     if mode != "online" or budget.spent():
@@ -159,7 +161,7 @@ def _sync_run(
     code = outcome(storage, buffer, name)
     if code is None:
         return report
-    final = _upload(storage, name, overrides, mode, folder, budget, None, None, code)
+    final = _upload(storage, name, overrides, mode, folder, budget, None, None, code, more_soon)
     assert final is not None
     return final if report is None else replace(report, finished=final.finished)
 
@@ -174,6 +176,7 @@ def _upload(
     progress: Callable[[int], None] | None,
     on_run: Callable[[RunSync], None] | None,
     finish_code: int | None,
+    more_soon: bool = False,
 ) -> RunSync | None:
     """Plan and send one upload of the run; with ``finish_code``, one that finishes it (even with nothing pending)."""
     planned = plan(storage, name, overrides, mode, budget, dry_run=False, finishing=finish_code is not None)
@@ -182,7 +185,7 @@ def _upload(
     if on_run is not None:
         on_run(planned.report)
     try:
-        return upload(storage, planned, mode, folder, budget, progress, finish_code=finish_code)
+        return upload(storage, planned, mode, folder, budget, progress, finish_code=finish_code, more_soon=more_soon)
     except OutOfTime as exc:
         raise UploadError(
             f"{exc} before W&B confirmed the upload of run {name!r}, so nothing of it is marked"

@@ -60,12 +60,16 @@ def upload(
     progress: Callable[[int], None] | None,
     *,
     finish_code: int | None = None,
+    more_soon: bool = False,
 ) -> RunSync:
     """Send the plan's records, within the budget; what was sent, once wandb confirmed it.
 
     With ``finish_code``, the upload also finishes the W&B run with that exit
     code (its job is done: see walbuf.syncer.finish), unless the budget cut
-    it short; else it leaves the run's state alone.
+    it short; else it leaves the run's state alone, but for marking it
+    preempting (the job goes on; see walbuf.syncer.finish) unless
+    ``more_soon``: another upload follows within seconds (``sync --follow``),
+    and W&B shows the run running meanwhile.
 
     A record W&B would refuse for good (it breaks walbuf's rules for what
     W&B takes, as an older walbuf let in, or wandb refuses its data) is
@@ -96,7 +100,7 @@ def upload(
                 finish_state=finish_code is not None,
             )
             replay.into(wandb_run, merged)
-            if finish_code is None and mode == "online":
+            if finish_code is None and mode == "online" and not more_soon:
                 # The job goes on: say so, or W&B marks the run crashed once
                 # it has heard nothing for 5 minutes (walbuf.syncer.finish).
                 wandb_run.mark_preempting()

@@ -263,18 +263,19 @@ def _core_connection(doing: str) -> Iterator[None]:
     wandb's Python side talks to nothing but wandb-core, its upload
     process, so a connection error out of a wandb call is that process gone;
     wandb raises it raw (ConnectionResetError: "Connection lost"), or, to a
-    call waiting for a reply, as HandleAbandonedError.
+    call waiting for a reply, as HandleAbandonedError, or to a call after
+    wandb noticed, as MailboxClosedError.
     """
     import wandb
-    from wandb.sdk.mailbox import HandleAbandonedError  # a reply that cannot come: the connection is gone
+    # A reply that cannot come, or a request that cannot go: the connection is gone.
+    from wandb.sdk.mailbox import HandleAbandonedError, MailboxClosedError
 
     try:
         yield
-    except (ConnectionError, HandleAbandonedError) as exc:
+    except (ConnectionError, HandleAbandonedError, MailboxClosedError) as exc:
         # wandb's exit hook would tell the gone process goodbye and print the
         # ConnectionResetError that gets; its teardown, done here, unhooks it.
-        with contextlib.suppress(ConnectionError):
-            wandb.teardown()
+        _teardown(wandb)
         raise UploadError(
             f"wandb-core, the process wandb uploads through, ended while {doing} ({_describe(exc)}): it was"
             " killed or ran out of memory; nothing was marked synced; retry later"
@@ -379,6 +380,31 @@ def _init_log(directory: Path) -> str:
         with path.open(encoding="utf-8", errors="replace") as log:
             lines += [line for line in log if '"level":"ERROR' in line]
     return "".join(lines)
+
+
+def restart_wandb() -> None:
+    """End wandb's service in this process, so that the next upload starts one afresh.
+
+    After a failed upload wandb's service may still hold the run (the next
+    wandb.init of its id fails: "run ID ... is in use") and still retry what
+    it was sending. Its wandb-core is killed (nothing more is sent of the
+    failed upload, none of which is marked synced) and wandb's side torn down.
+    """
+    import wandb
+
+    kill_wandb_core()
+    _teardown(wandb)
+
+
+def _teardown(wandb: Any) -> None:
+    """wandb.teardown() of a service whose wandb-core is gone.
+
+    Telling it goodbye loses the connection, and wandb turns the dead
+    process's exit status into sys.exit() (wandb_setup._teardown): neither
+    is this process's to end with.
+    """
+    with contextlib.suppress(ConnectionError, SystemExit):
+        wandb.teardown()
 
 
 def kill_wandb_core() -> None:

@@ -1,0 +1,136 @@
+"""`walbuf sync --follow`: records stream into W&B while the job runs, and the follow ends with it.
+
+The follow and the writers run as processes of their own, against the fake
+W&B server; each test waits on what the server holds or on a line a process
+printed, never on time.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import run_sync
+
+pytestmark = [pytest.mark.backends("sqlite"), pytest.mark.slow]
+
+TESTS = Path(__file__).parent
+
+
+def start_follow(server, buffer, *args):
+    return subprocess.Popen(
+        [sys.executable, "-m", "walbuf", "sync", str(buffer), "--follow", "--interval", "0.5", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **server.env()},
+    )
+
+
+def start_writer(buffer, writer="w"):
+    return subprocess.Popen(
+        [sys.executable, str(TESTS / "stdin_writer.py"), str(buffer), writer, "exp"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+
+
+def log(writer, i):
+    writer.stdin.write(f"{i}\n")
+    writer.stdin.flush()
+    assert writer.stdout.readline() == f"logged {i}\n"
+
+
+def close(writer):
+    writer.stdin.close()
+    assert writer.stdout.readline() == "closed\n"
+    assert writer.wait() == 0
+
+
+def values(server):
+    (fake_run,) = server.runs.values()
+    return sorted(row["w/i"] for row in fake_run.history if "w/i" in row)
+
+
+def test_records_stream_in_while_the_writer_is_open_and_the_follow_ends_with_the_job(server, buffer):
+    follow = start_follow(server, buffer)  # before the job has made the buffer
+    writer = start_writer(buffer)
+    try:
+        log(writer, 0)
+        server.wait_for_rows(1, timeout=60)  # the follow sent it while the writer is open
+        (fake_run,) = server.runs.values()
+        assert server.state(fake_run.id) == "running" and not fake_run.complete
+        log(writer, 1)
+        server.wait_for_rows(2, timeout=60)
+        close(writer)
+        out, err = follow.communicate(timeout=120)
+    finally:
+        writer.kill()
+        follow.kill()
+    assert follow.returncode == 0, err
+    assert "followed to the end" in out
+    assert values(server) == [0, 1]
+    assert server.state(fake_run.id) == "finished"
+
+
+def test_a_cron_sync_during_a_follow_exits_11(server, buffer):
+    writer = start_writer(buffer)
+    follow = start_follow(server, buffer)
+    try:
+        log(writer, 0)
+        server.wait_for_rows(1, timeout=60)  # the follow holds the sync lock by now
+        assert run_sync(server, buffer).returncode == 11
+        close(writer)
+        assert follow.wait(timeout=120) == 0
+    finally:
+        writer.kill()
+        follow.kill()
+
+
+def test_sigterm_ends_a_follow_cleanly_and_the_next_sync_delivers_the_rest(server, buffer):
+    writer = start_writer(buffer)
+    follow = start_follow(server, buffer)
+    try:
+        log(writer, 0)
+        server.wait_for_rows(1, timeout=60)
+        follow.send_signal(signal.SIGTERM)
+        _, err = follow.communicate(timeout=120)
+        assert follow.returncode == 143 and "Traceback" not in err, err
+        log(writer, 1)
+        close(writer)
+    finally:
+        writer.kill()
+        follow.kill()
+    assert run_sync(server, buffer).returncode == 0
+    assert set(values(server)) == {0, 1}
+
+
+def test_a_follow_rides_out_w_and_b_going_down_and_nothing_is_lost(server, buffer):
+    writer = start_writer(buffer)
+    follow = start_follow(server, buffer)
+    try:
+        log(writer, 0)
+        server.wait_for_rows(1, timeout=60)
+        server.go_down()
+        log(writer, 1)
+        assert "the follow tries again" in follow.stderr.readline()  # a pass failed, and it goes on
+        server.go_up()
+        log(writer, 2)
+        close(writer)
+        out, err = follow.communicate(timeout=180)
+        assert follow.returncode == 0, err
+    finally:
+        writer.kill()
+        follow.kill()
+    assert set(values(server)) == {0, 1, 2}
+
+
+def test_follow_takes_no_bounds_or_offline_mode(server, buffer):
+    for args in (["--max-seconds", "5"], ["--mode", "offline"], ["--dry-run"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "walbuf", "sync", str(buffer), "--follow", *args],
+            capture_output=True, text=True, env={**os.environ, **server.env()},
+        )
+        assert proc.returncode == 2 and "--follow" in proc.stderr
+

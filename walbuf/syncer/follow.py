@@ -1,0 +1,160 @@
+"""`walbuf sync --follow`: one process that streams a job's records into W&B while it runs.
+
+A follow is a sequence of passes, each what one `walbuf sync` does (take in,
+plan, upload, confirm, and finish a run whose writers all closed), in one
+process that holds the buffer's sync lock throughout: a cron sync meanwhile
+exits 11 ("will retry"). The passes follow each other ``interval`` seconds
+apart, so a record reaches W&B within about ``interval`` plus one upload.
+While passes go on, the W&B run shows "running" (each pass is heard from
+well within W&B's 5 minutes; none marks it preempting).
+
+Guarantees are those of sync: a record is marked synced only once W&B
+confirmed it, and a pass that fails changes nothing. A pass that W&B or the
+network fails (UploadError: "retry later") is reported and the follow goes
+on: records wait in the buffer until a pass gets through. Anything else (a
+refusal, a damaged buffer) ends the follow with its error.
+
+The follow ends by itself once every run it follows has been finished in W&B
+(every writer closed or died, everything delivered), and never before a
+writer has opened. It may start before the job makes the buffer: it waits
+for it. SIGTERM or Ctrl-C end it as they end a sync.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+from ..buffer import Buffer, Location, open_buffer
+from ..errors import BufferNotFoundError, ConfigError, SyncLockedError, UploadError
+from ..store import Storage, Target
+from ..store.schema import runs
+from ..store.target import check_target
+from .budget import Budget
+from .plan import runs_to_sync
+from .results import RunSync, SyncResult
+from .syncer import _locked_message, _sync_run, _wandb_folder
+from .wandb_run import restart_wandb
+
+DEFAULT_INTERVAL = 5.0  # seconds between passes: a record reaches W&B within about 10 s
+
+
+@dataclass(frozen=True)
+class FollowResult:
+    """What a follow did: its passes, the records they synced, and the runs it finished in W&B."""
+
+    passes: int
+    records: int
+    finished: tuple[str, ...]
+
+
+def follow(
+    buffer: Location,
+    *,
+    run: str | None = None,
+    project: str | None = None,
+    entity: str | None = None,
+    run_id: str | None = None,
+    interval: float = DEFAULT_INTERVAL,
+    stop: threading.Event | None = None,
+    on_pass: Callable[[SyncResult], None] | None = None,
+    on_retry: Callable[[UploadError], None] | None = None,
+) -> FollowResult:
+    """Sync ``buffer`` (``run`` of it, or all its runs) pass after pass until its job is done; see the module docstring.
+
+    ``project``, ``entity`` and ``run_id`` are those of :func:`walbuf.sync`.
+    ``stop`` ends the follow between passes once set. ``on_pass`` gets what
+    each pass that synced something did; ``on_retry`` each UploadError a pass
+    met (the follow goes on). Raises SyncLockedError if another syncer holds
+    the buffer, and what a sync raises but UploadError.
+    """
+    if not (isinstance(interval, (int, float)) and 0 < interval < float("inf")):
+        raise ConfigError(f"interval must be a positive number of seconds, not {interval!r}")
+    overrides = check_target(Target(run_id, project, entity))
+    waiting = stop if stop is not None else threading.Event()
+    located = None
+    while located is None:
+        try:
+            located = open_buffer(buffer)
+        except BufferNotFoundError:
+            if waiting.wait(interval):  # the job has not made it yet
+                return FollowResult(0, 0, ())
+    lock = located.sync_lock()
+    if not lock.acquire(timeout=0):
+        raise SyncLockedError(_locked_message(located, 0))
+    passes = records = 0
+    finished: list[str] = []
+    made = False
+    try:
+        while not waiting.is_set():
+            try:
+                done = _pass(located, run, overrides, check=not made, on_retry=on_retry)
+            except BufferNotFoundError:
+                if made:
+                    raise
+                waiting.wait(interval)  # its first writer is making it (an empty database, so far)
+                continue
+            made = True
+            passes += 1
+            if done is not None:
+                records += done.records
+                finished += [r.run for r in done.runs if r.finished is not None]
+                if on_pass is not None and done.runs:
+                    on_pass(done)
+                if _all_finished(located, run, run_id):
+                    break
+            waiting.wait(interval)
+    finally:
+        lock.release()
+    return FollowResult(passes, records, tuple(dict.fromkeys(finished)))
+
+
+def _pass(
+    located: Buffer, run: str | None, overrides: Target, *, check: bool, on_retry: Callable[[UploadError], None] | None
+) -> SyncResult | None:
+    """One sync of every run in scope, under the follow's lock; None if W&B or the network failed it."""
+    budget = Budget(None, None)
+    try:
+        source = located.open_for_sync(check=check)
+        storage = source.storage
+        with storage, _wandb_folder(storage, None, "online") as folder:
+            done: list[RunSync] = []
+            for name in _in_scope(storage, run, overrides.wandb_id):
+                report = _sync_run(storage, located, name, overrides, "online", folder, budget, None, None, more_soon=True)
+                if report is not None:
+                    done.append(report)
+            return SyncResult(runs=tuple(done), stopped_early=False, set_aside=source.set_aside, refused=source.refused)
+    except UploadError as exc:
+        restart_wandb()
+        if on_retry is not None:
+            on_retry(exc)
+        return None
+
+
+def _in_scope(storage: Storage, run: str | None, run_id: str | None) -> list[str]:
+    """The runs a pass syncs: ``run`` (none until a writer of it opened), or all."""
+    if run is not None:
+        with storage.begin_read() as conn:
+            if conn.scalar(sa.select(runs.c.id).where(runs.c.name == run)) is None:
+                return []
+    return runs_to_sync(storage, run, run_id)
+
+
+def _all_finished(located: Buffer, run: str | None, run_id: str | None) -> bool:
+    """Whether every run in scope (at least one) is finished in W&B now."""
+    storage: Storage | None = located.open_store("read")
+    if storage is None:
+        return False
+    with storage:
+        names = _in_scope(storage, run, run_id)
+        if not names:
+            return False
+        with storage.begin_read() as conn:
+            states = conn.execute(sa.select(runs.c.finished_exit).where(runs.c.name.in_(names))).scalars().all()
+    return bool(states) and all(state is not None for state in states)
+
+
+__all__ = ["DEFAULT_INTERVAL", "FollowResult", "follow"]
