@@ -231,7 +231,7 @@ def _reader(layout: Layout, shard: Shard) -> ShardReader:
     try:
         return ShardReader.of(layout, shard)
     except ShardGone:
-        sealed = layout.sealed_as(shard) if shard.state == "live" else None
+        sealed = layout.sealed_as(shard)
         if sealed is None:
             raise
         return ShardReader.of(layout, sealed)

@@ -77,7 +77,7 @@ def ingest(layout: Layout, hub: Storage, host: str, stop: Callable[[], bool] | N
             return IngestResult(copied, read, tuple(set_aside), tuple(left_out), stopped=True)
         except ShardGone:
             # Its writers let go and it was sealed since the listing: take it in from sealed/.
-            sealed = layout.sealed_as(shard) if shard.state == "live" else None
+            sealed = layout.sealed_as(shard)
             if sealed is None:
                 raise
             shards.insert(0, sealed)  # now, before the newer shards its writers moved on to

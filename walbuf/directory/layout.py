@@ -246,7 +246,9 @@ class Layout:
         )
 
     def sealed_as(self, shard: Shard) -> Shard | None:
-        """The sealed shard a live one became (its writers let go since it was listed), if it did."""
+        """The sealed shard a live one became (its writers let go since it was listed), if it did; None for any other."""
+        if shard.state != "live":
+            return None
         return next((s for s in self.shards("sealed", shard.host) if s.id == shard.id), None)
 
     def readable_shards(self, host: str) -> list[Shard]:
