@@ -159,3 +159,47 @@ def test_a_sync_killed_mid_upload_leaves_the_run_running(server, buffer):
     server.release_uploads()
     (fake_run,) = server.runs.values()
     assert not fake_run.complete
+
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "directory"])
+def test_a_close_the_buffer_could_not_take_finishes_the_run_as_closed_not_as_died(server, tmp_path, kind):
+    # The writer's process may not write past byte 16 of any file any more
+    # (RLIMIT_FSIZE, set from outside by prlimit(1)): as on a full disk, the
+    # database refuses the close note; the note beside the lock fits.
+    buffer = tmp_path / ("metrics.db" if kind == "sqlite" else "metrics/")
+    job = subprocess.Popen(
+        [sys.executable, str(TESTS / "stdin_writer.py"), str(buffer), "train", "exp"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    job.stdin.write("1\n")
+    job.stdin.flush()
+    assert job.stdout.readline() == "logged 1\n"
+    subprocess.run(["prlimit", f"--pid={job.pid}", "--fsize=16"], check=True)
+    out, err = job.communicate(timeout=60)
+    assert out == "closed\n" and job.returncode == 0, err
+    assert "disk I/O error" in err  # the database refused the close note
+    proc = run_sync(server, buffer, quiet=False)
+    assert proc.returncode == 0, proc.stderr
+    fake_run = the_run(server, buffer)
+    assert (fake_run.complete, fake_run.exit_code) == (True, 0)
+    assert [row["train/i"] for row in fake_run.history] == [1]
+
+
+def test_a_writer_killed_after_it_had_closed_once_makes_the_final_state_failed(server, tmp_path):
+    # Its first close left "closed 0" beside the lock; opening again must take that back.
+    buffer = tmp_path / "metrics.db"
+    with walbuf.Writer(buffer, writer="train", run="exp") as w:
+        w.log({"i": 0})
+    job = subprocess.Popen(
+        [sys.executable, str(TESTS / "stdin_writer.py"), str(buffer), "train", "exp"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    job.stdin.write("1\n")
+    job.stdin.flush()
+    assert job.stdout.readline() == "logged 1\n"
+    job.kill()
+    job.wait()
+    assert run_sync(server, buffer).returncode == 0
+    fake_run = the_run(server, buffer)
+    assert (fake_run.complete, fake_run.exit_code) == (True, 1)

@@ -84,6 +84,10 @@ class DatabaseBuffer:
         """Whether a process holds ``writer`` of ``run`` open now. Changes nothing."""
         return self.backend.lock_held(writer_lock_name(run, writer))
 
+    def writer_close_note(self, run: str, writer: str) -> int | None:
+        """The exit code ``writer`` of ``run`` noted beside its lock as it last closed; None if it did not. Changes nothing."""
+        return self.backend.writer_close_note(writer_lock_name(run, writer))
+
     def open_for_sync(self, stop: Callable[[], bool] | None = None, *, check: bool = True) -> SyncSource:
         """The database sync uploads from, checked whole for damage (unless ``check`` is off). The caller holds the sync lock."""
         storage = Storage(self.backend, access="write")

@@ -41,7 +41,7 @@ from .errors import (
 )
 from .record import check_line, encode_config, encode_metrics, flatten
 from .settings import WriterSettings
-from .store.backend import Appender, Lock
+from .store.backend import Appender, WriterLock
 from .store.claims import wandb_key
 from .store.schema import writers
 from .store.storage import ConfigKind, Storage, writer_lock_name
@@ -63,7 +63,7 @@ class _Open:
     pid: int
     segment: Segment | None  # None: let go while idle (see walbuf.expiry); the next log() opens one
     appender: Appender | None
-    owner: Lock
+    owner: WriterLock
     writer: str
     step_axis: str
     prefix: str
@@ -95,6 +95,13 @@ class _Open:
 
     def close(self, exit_code: int) -> None:
         try:
+            try:
+                # First beside the lock: that note needs no new space on the
+                # disk, so a full disk that refuses the database's note still
+                # leaves the syncer a writer that closed, not one that died.
+                self.owner.note_closed(exit_code)
+            except OSError as exc:
+                _log.warning("could not note beside its lock that writer %r closed: %s", self.writer, exc)
             if self.segment is not None:
                 self.let_go(note_closed=exit_code)
         finally:
@@ -118,9 +125,9 @@ class _Open:
                 try:
                     segment.storage.mark_closed(self.writer_pk, note_closed)
                 except StorageError as exc:
-                    # Every record is committed already; only the note is lost, and
-                    # the syncer then takes the writer for one that died.
-                    _log.warning("could not note that writer %r closed: %s", self.writer, exc)
+                    # Every record is committed already, and the note beside the
+                    # writer's lock (close()) tells the syncer it closed.
+                    _log.warning("could not note in the buffer that writer %r closed: %s", self.writer, exc)
         finally:
             segment.release()
 
@@ -269,7 +276,7 @@ class Writer:
                 return
             _log.info("writer %r logged nothing for the rotation age: it let go of its shard", state.writer)
 
-    def _own(self, storage: Storage, appender: Appender, writer: str) -> Lock:
+    def _own(self, storage: Storage, appender: Appender, writer: str) -> WriterLock:
         run, wait = self.settings.run, self.settings.wait
         owner = storage.backend.writer_lock(writer_lock_name(run, writer), appender)
         acquired = owner.acquire(timeout=0)
@@ -290,6 +297,11 @@ class Writer:
                 " give each process its own writer id (writer=... or WALBUF_WRITER),"
                 " or close the other writer first"
             ) from None
+        try:
+            owner.note_open()
+        except BaseException:
+            owner.release()
+            raise
         return owner
 
     # -- public ------------------------------------------------------------------

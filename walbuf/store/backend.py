@@ -54,6 +54,21 @@ class Lock(Protocol):
     def release(self) -> None: ...
 
 
+class WriterLock(Lock, Protocol):
+    """The lock that makes a writer the owner of its id; the kind may keep a note of its close beside it.
+
+    A writer's close is noted in the database; where that fails (a full
+    disk), the note kept with the lock still tells the syncer the writer
+    closed rather than died (see Backend.writer_close_note).
+    """
+
+    def note_open(self) -> None:
+        """Just after acquire: the writer may log. Raises OSError."""
+
+    def note_closed(self, exit_code: int) -> None:
+        """Before release: the writer closed with ``exit_code``. Raises OSError."""
+
+
 _log = logging.getLogger(__name__)
 
 
@@ -115,9 +130,13 @@ class Backend:
         """Whether some process holds the lock ``name`` now. Changes nothing (a lock never taken is not held)."""
         raise NotImplementedError
 
-    def writer_lock(self, name: str, appender: Appender) -> Lock:
+    def writer_lock(self, name: str, appender: Appender) -> WriterLock:
         """The lock that makes a writer the owner of its id, held while its appender lives."""
-        return self.lock(name)
+        raise NotImplementedError
+
+    def writer_close_note(self, name: str) -> int | None:
+        """The exit code the last holder of writer lock ``name`` noted beside it as it closed; None if none did. Reads only."""
+        return None
 
     def appender(self, engine: sa.Engine) -> Appender:
         raise NotImplementedError

@@ -9,6 +9,12 @@ account, raises UntrustedPathError naming it and its owner.
 The kernel releases a flock when its process dies, kill -9 included, so
 these locks never go stale. A wait for one polls, up to a bound the caller
 gives.
+
+A held lock can leave a short note in its file (:meth:`FileLock.note`), for
+whoever finds the lock free later: a writer notes there that it closed. The
+note has a fixed width and is written over the same bytes each time, so once
+the file holds one, noting again needs no new space on the disk (a full
+disk refuses a database's close note, never this one).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from .trust import Owner
 
 _POLL_FIRST = 0.001  # seconds between attempts while a lock stays taken, doubling...
 _POLL_MAX = 0.05  # ... up to this
+NOTE_WIDTH = 16  # bytes of a lock file's note (see FileLock.note)
 
 
 class FileLock:
@@ -33,7 +40,7 @@ class FileLock:
 
     def __init__(self, path: Path, owner: Owner) -> None:
         self.path = path
-        self._owner = owner
+        self.owner = owner
         self._fd = -1
 
     def acquire(self, timeout: float) -> bool:
@@ -44,7 +51,7 @@ class FileLock:
         """
         if self._fd >= 0:
             raise RuntimeError(f"{self.path} is held by this FileLock already")
-        fd = self._owner.open(self.path, os.O_RDWR, create=True, private=True)
+        fd = self.owner.open(self.path, os.O_RDWR, create=True, private=True)
         deadline = time.monotonic() + timeout
         pause = _POLL_FIRST
         try:
@@ -64,6 +71,15 @@ class FileLock:
             raise
         self._fd = fd
         return True
+
+    def note(self, text: str) -> None:
+        """Write ``text`` (ASCII, under NOTE_WIDTH bytes) as the lock file's note, over the previous one. Raises OSError."""
+        if self._fd < 0:
+            raise RuntimeError(f"{self.path} is not held: only its holder notes in it")
+        data = text.encode("ascii").ljust(NOTE_WIDTH - 1) + b"\n"
+        if len(data) != NOTE_WIDTH:
+            raise ValueError(f"a lock note is under {NOTE_WIDTH} bytes: {text!r}")
+        os.pwrite(self._fd, data, 0)
 
     def release(self) -> None:
         """Let go (closing the descriptor drops the flock); nothing if not held."""
@@ -91,3 +107,22 @@ def held(path: Path, owner: Owner) -> bool:
     finally:
         os.close(fd)  # and with it the probe's lock
     return False
+
+
+def read_note(path: Path, owner: Owner) -> str | None:
+    """The note a holder last left in the lock file ``path`` (see FileLock.note); None if there is none.
+
+    Reads only. Raises UntrustedPathError for a link or another account's
+    file, and the OSError of reading it.
+    """
+    try:
+        fd = owner.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        data = os.pread(fd, NOTE_WIDTH, 0)
+    finally:
+        os.close(fd)
+    if len(data) != NOTE_WIDTH or not data.endswith(b"\n"):
+        return None  # no note, or one cut off
+    return data.decode("ascii", errors="replace").strip()

@@ -16,7 +16,7 @@ from ..errors import (
     ConfigError,
     StorageError,
 )
-from .backend import INSERT_COLUMNS, Access, Appender, Backend, Durability, Lock
+from .backend import INSERT_COLUMNS, Access, Appender, Backend, Durability, Lock, WriterLock
 
 # SQLSTATE codes (PostgreSQL's appendix A) walbuf tells apart.
 _PG_LOCK_NOT_AVAILABLE = "55P03"
@@ -87,10 +87,10 @@ class PostgresBackend(Backend):
     def appender(self, engine: sa.Engine) -> Appender:
         return _PostgresAppender(self, engine)
 
-    def writer_lock(self, name: str, appender: Appender) -> Lock:
+    def writer_lock(self, name: str, appender: Appender) -> WriterLock:
         # On the appender's own session: one connection per writer, not two.
         assert isinstance(appender, _PostgresAppender)
-        return _AdvisoryLock(self, name, connection=appender.connection)
+        return _WriterAdvisoryLock(self, name, connection=appender.connection)
 
     def serialize(self, conn: sa.Connection) -> None:
         # Write transactions read, then write what they read (a new run or
@@ -206,6 +206,18 @@ class _AdvisoryLock:
             self._connection = None
         elif not self._connection.closed:
             self._connection.execute(f"SELECT pg_advisory_unlock({self._key_sql()})")
+
+
+class _WriterAdvisoryLock(_AdvisoryLock):
+    """A writer's id lock. Its close is noted in the database only: the server
+    that could not take the note (its disk full, say) could not take records
+    either, and there is no file beside the lock that every host reads."""
+
+    def note_open(self) -> None:
+        pass
+
+    def note_closed(self, exit_code: int) -> None:
+        pass
 
 
 class _PostgresAppender:

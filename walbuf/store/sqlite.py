@@ -20,7 +20,7 @@ from ..errors import (
     StorageError,
 )
 from .backend import INSERT_COLUMNS, Access, Appender, Backend, Durability, holding
-from .flock import FileLock, held
+from .flock import FileLock, held, read_note
 from .trust import Owner, make_folders
 
 # Each commit appends the pages it changed to the WAL; a record is far smaller
@@ -202,18 +202,30 @@ class SQLiteBackend(Backend):
 
     def lock(self, name: str) -> FileLock:
         """The lock ``name`` of this buffer, in its lock folder (made owner-only if missing)."""
+        return _FileLock(self, *self._lock_file(name))
+
+    def _lock_file(self, name: str) -> tuple[Path, Owner]:
         owner = self._owner(write=True)
         try:
             owner.folder(self.locks, make=True, private=True)
         except OSError as exc:
             raise self._os_error(exc) from exc
-        return _FileLock(self, self.locks / f"{name}.lock", owner)
+        return self.locks / f"{name}.lock", owner
 
     def lock_held(self, name: str) -> bool:
         owner = self._owner(write=False)
         if not owner.folder(self.locks):
             return False
         return held(self.locks / f"{name}.lock", owner)
+
+    def writer_lock(self, name: str, appender: Appender) -> _WriterFileLock:
+        return _WriterFileLock(self, *self._lock_file(name))
+
+    def writer_close_note(self, name: str) -> int | None:
+        owner = self._owner(write=False)
+        if not owner.folder(self.locks):
+            return None
+        return _close_note(read_note(self.locks / f"{name}.lock", owner))
 
     def _os_error(self, exc: OSError) -> Exception:
         if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
@@ -288,6 +300,34 @@ class _FileLock(FileLock):
             return super().acquire(timeout)
         except OSError as exc:  # a lock file this process may not open for writing
             raise self._backend._os_error(exc) from exc
+
+
+class _WriterFileLock(_FileLock):
+    """A writer's id lock; its note says whether the writer is open or closed (see walbuf.store.flock)."""
+
+    def note_open(self) -> None:
+        # Over a "closed" note a previous holder left: a writer of this id
+        # that dies now must not be taken for one that closed.
+        try:
+            self.note("open")
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise BufferFullError(
+                    f"{self.path}: the disk is full ({exc.strerror}); nothing was written:"
+                    " free space (walbuf prune removes synced records), then open the writer again"
+                ) from exc
+            raise StorageError(f"{self.path}: cannot note that the writer is open ({exc.strerror})") from exc
+
+    def note_closed(self, exit_code: int) -> None:
+        self.note(f"closed {exit_code}")
+
+
+def _close_note(text: str | None) -> int | None:
+    """The exit code in a writer lock's note "closed N"; None for any other note."""
+    if text is None or not text.startswith("closed "):
+        return None
+    code = text.removeprefix("closed ")
+    return int(code) if code.isdecimal() and len(code) < 4 else None
 
 
 class _SQLiteAppender:

@@ -16,7 +16,10 @@ opens again makes the run running again, and a later sync finishes it again.
 
 A writer is closed when its row says so (Writer.close() notes it); open
 when it holds the lock that owns its id (the kernel or the PostgreSQL
-server drops it when its process dies); else it died.
+server drops it when its process dies); closed too when the note it left
+beside its lock file says so (a SQLite or directory buffer: Writer.close()
+writes that note first, and it needs no new disk space, so a full disk that
+refused the row's note leaves this one); else it died.
 """
 
 from __future__ import annotations
@@ -68,8 +71,11 @@ def outcome(storage: Storage, buffer: Buffer, run: str) -> int | None:
         if member.closed_at is not None:
             died = died or bool(member.close_exit)
             continue
+        # Read before the lock is probed: a writer that opens again in between
+        # holds the lock by then.
+        noted = buffer.writer_close_note(run, member.name)
         if buffer.writer_alive(run, member.name):
             return None
-        died = True
+        died = died or noted is None or bool(noted)
     code = EXIT_A_WRITER_DIED if died else EXIT_ALL_CLOSED
     return None if row.finished_exit == code else code
