@@ -6,12 +6,12 @@ the fake. Printed at the end:
 
 - the delay from log() to the record's arrival at the server (median, max),
   the arrival being when this script first saw the row (it looks every 0.2 s);
-- the resident memory of the follow process and of its wandb-core at the
-  start (after the first minute) and at the end;
+- the resident memory of the follow process and of its wandb-core after
+  the first minute, every --sample-minutes after it, and at the end;
 - the W&B run's state through the job, as the fake models it (each change,
   and when), and the follow's exit code.
 
-    python scripts/follow_demo.py [--minutes 10]
+    python scripts/follow_demo.py [--minutes 10] [--sample-minutes 10]
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ def core_of(pid: int) -> int | None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--sample-minutes", type=float, default=10.0, help="memory is sampled this often after the first minute")
     args = parser.parse_args()
     seconds = args.minutes * 60
     with FakeWandb() as server, tempfile.TemporaryDirectory() as tmp:
@@ -77,7 +78,8 @@ def main() -> None:
         ]
         seen: dict[tuple[str, float], float] = {}
         states: list[tuple[float, str]] = []
-        memory: dict[str, tuple[int | None, int | None]] = {}
+        memory: dict[str, tuple[int | None, int | None]] = {}  # when -> RSS of follow, of its wandb-core
+        sampled = 0
         start = time.time()
         while follow.poll() is None:
             now = time.time()
@@ -89,12 +91,13 @@ def main() -> None:
                 state = server.state(fake_run.id)
                 if not states or states[-1][1] != state:
                     states.append((now - start, state))
-            if "start" not in memory and now - start > 60:
+            if now - start > 60 + sampled * args.sample_minutes * 60 and now - start < seconds - 5:
                 core = core_of(follow.pid)
-                memory["start"] = (rss_kib(follow.pid), rss_kib(core) if core else None)
+                memory[f"{(now - start) / 60:.0f} min"] = (rss_kib(follow.pid), rss_kib(core) if core else None)
+                sampled += 1
             if now - start < seconds - 5:
                 core = core_of(follow.pid)
-                memory["end"] = (rss_kib(follow.pid), rss_kib(core) if core else None)
+                memory["the end"] = (rss_kib(follow.pid), rss_kib(core) if core else None)
             time.sleep(0.2)
         for writer in writers:
             writer.wait()

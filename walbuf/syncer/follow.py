@@ -29,14 +29,14 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from ..buffer import Buffer, Location, open_buffer
-from ..errors import BufferNotFoundError, ConfigError, SyncLockedError, UploadError
+from ..errors import BufferNotFoundError, ConfigError, UploadError
 from ..store import Storage, Target
 from ..store.schema import runs
 from ..store.target import check_target
 from .budget import Budget
 from .plan import runs_to_sync
-from .results import RunSync, SyncResult
-from .syncer import _locked_message, _sync_run, _wandb_folder
+from .results import SyncResult
+from .syncer import holding_sync_lock, sync_pass
 from .wandb_run import restart_wandb
 
 DEFAULT_INTERVAL = 5.0  # seconds between passes: a record reaches W&B within about 10 s
@@ -82,13 +82,10 @@ def follow(
         except BufferNotFoundError:
             if waiting.wait(interval):  # the job has not made it yet
                 return FollowResult(0, 0, ())
-    lock = located.sync_lock()
-    if not lock.acquire(timeout=0):
-        raise SyncLockedError(_locked_message(located, 0))
     passes = records = 0
     finished: list[str] = []
     made = False
-    try:
+    with holding_sync_lock(located, 0):
         while not waiting.is_set():
             try:
                 done = _pass(located, run, overrides, check=not made, on_retry=on_retry)
@@ -107,8 +104,6 @@ def follow(
                 if _all_finished(located, run, run_id):
                     break
             waiting.wait(interval)
-    finally:
-        lock.release()
     return FollowResult(passes, records, tuple(dict.fromkeys(finished)))
 
 
@@ -116,31 +111,15 @@ def _pass(
     located: Buffer, run: str | None, overrides: Target, *, check: bool, on_retry: Callable[[UploadError], None] | None
 ) -> SyncResult | None:
     """One sync of every run in scope, under the follow's lock; None if W&B or the network failed it."""
-    budget = Budget(None, None)
     try:
-        source = located.open_for_sync(check=check)
-        storage = source.storage
-        with storage, _wandb_folder(storage, None, "online") as folder:
-            done: list[RunSync] = []
-            for name in _in_scope(storage, run, overrides.wandb_id):
-                report = _sync_run(storage, located, name, overrides, "online", folder, budget, None, None, more_soon=True)
-                if report is not None:
-                    done.append(report)
-            return SyncResult(runs=tuple(done), stopped_early=False, set_aside=source.set_aside, refused=source.refused)
+        return sync_pass(
+            located, run, overrides, "online", None, Budget(None, None), check=check, more_soon=True, missing_ok=True
+        )
     except UploadError as exc:
         restart_wandb()
         if on_retry is not None:
             on_retry(exc)
         return None
-
-
-def _in_scope(storage: Storage, run: str | None, run_id: str | None) -> list[str]:
-    """The runs a pass syncs: ``run`` (none until a writer of it opened), or all."""
-    if run is not None:
-        with storage.begin_read() as conn:
-            if conn.scalar(sa.select(runs.c.id).where(runs.c.name == run)) is None:
-                return []
-    return runs_to_sync(storage, run, run_id)
 
 
 def _all_finished(located: Buffer, run: str | None, run_id: str | None) -> bool:
@@ -149,7 +128,7 @@ def _all_finished(located: Buffer, run: str | None, run_id: str | None) -> bool:
     if storage is None:
         return False
     with storage:
-        names = _in_scope(storage, run, run_id)
+        names = runs_to_sync(storage, run, run_id, missing_ok=True)
         if not names:
             return False
         with storage.begin_read() as conn:

@@ -71,11 +71,13 @@ class Plan:
     new_run: bool  # no upload of the run has succeeded yet: the W&B run is made now
 
 
-def runs_to_sync(storage: Storage, run: str | None, run_id: str | None) -> list[str]:
-    """The names of the runs to sync: ``run``, or all of them."""
+def runs_to_sync(storage: Storage, run: str | None, run_id: str | None, *, missing_ok: bool = False) -> list[str]:
+    """The names of the runs to sync: ``run``, or all of them. A ``run`` not in the buffer: ConfigError, or none if ``missing_ok``."""
     with storage.begin_read() as conn:
         names = list(conn.scalars(sa.select(runs.c.name).order_by(runs.c.id)))
     if run is not None:
+        if run not in names and missing_ok:
+            return []
         if run not in names:
             known = ", ".join(repr(n) for n in names) or "none"
             raise ConfigError(f"no run {run!r} in {storage.location} (runs: {known})")

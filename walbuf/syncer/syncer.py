@@ -105,6 +105,13 @@ def sync(
     budget = Budget(max_records, max_seconds)
     if dry_run:
         return _dry_run(located, run, overrides, mode, budget)
+    with holding_sync_lock(located, wait):
+        return sync_pass(located, run, overrides, mode, directory, budget, progress, on_run)
+
+
+@contextmanager
+def holding_sync_lock(located: Buffer, wait: float) -> Iterator[None]:
+    """Hold the buffer's sync lock for the block; SyncLockedError if another syncer keeps it past ``wait`` seconds."""
     lock = located.sync_lock()
     acquired = lock.acquire(timeout=0)
     if not acquired and wait > 0:
@@ -113,24 +120,47 @@ def sync(
     if not acquired:
         raise SyncLockedError(_locked_message(located, wait))
     try:
-        source = located.open_for_sync(budget.spent)
-        storage = source.storage
-        with storage, _wandb_folder(storage, directory, mode) as folder:
-            done = []
-            stopped = source.stopped
-            for name in runs_to_sync(storage, run, run_id) if not stopped else ():
-                if budget.spent():
-                    stopped = True
-                    break
-                report = _sync_run(storage, located, name, overrides, mode, folder, budget, progress, on_run)
-                if report is not None:
-                    done.append(report)
-                    stopped = stopped or report.cut_short
-            return SyncResult(
-                runs=tuple(done), stopped_early=stopped, set_aside=source.set_aside, refused=source.refused
-            )
+        yield
     finally:
         lock.release()
+
+
+def sync_pass(
+    located: Buffer,
+    run: str | None,
+    overrides: Target,
+    mode: SyncMode,
+    directory: str | os.PathLike[str] | None,
+    budget: Budget,
+    progress: Callable[[int], None] | None = None,
+    on_run: Callable[[RunSync], None] | None = None,
+    *,
+    check: bool = True,
+    more_soon: bool = False,
+    missing_ok: bool = False,
+) -> SyncResult:
+    """One sync of ``run`` (or every run) under the sync lock the caller holds: take in, then upload and finish each run.
+
+    ``check``: check the database whole for damage first. ``more_soon``: the
+    caller syncs again soon (walbuf.follow), so a run whose job goes on is
+    left running, not marked preempting. ``missing_ok``: a ``run`` no writer
+    has made yet is nothing to sync, not an error. Raises what :func:`sync`
+    raises.
+    """
+    source = located.open_for_sync(budget.spent, check=check)
+    storage = source.storage
+    with storage, _wandb_folder(storage, directory, mode) as folder:
+        done = []
+        stopped = source.stopped
+        for name in runs_to_sync(storage, run, overrides.wandb_id, missing_ok=missing_ok) if not stopped else ():
+            if budget.spent():
+                stopped = True
+                break
+            report = _sync_run(storage, located, name, overrides, mode, folder, budget, progress, on_run, more_soon=more_soon)
+            if report is not None:
+                done.append(report)
+                stopped = stopped or report.cut_short
+        return SyncResult(runs=tuple(done), stopped_early=stopped, set_aside=source.set_aside, refused=source.refused)
 
 
 def _sync_run(
