@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+
 import pytest
 from click.testing import CliRunner
 
@@ -36,6 +38,28 @@ def test_unsynced_records_are_never_deleted(buffer):
     mark_synced(buffer, "a", 4)
     assert prune(buffer, older_than=0).deleted == 4
     assert [r.metrics["i"] for r in walbuf.read(buffer)] == list(range(4, 10))
+
+
+@pytest.mark.slow
+def test_a_prune_of_many_batches_deletes_exactly_each_writers_synced_records(buffer):
+    # Three writers' records interleaved, over several of prune's transactions
+    # (PRUNE_BATCH each), each writer synced to another point.
+    with walbuf.Writer(buffer, writer="a", run="r") as a, walbuf.Writer(buffer, writer="b", run="r") as b, walbuf.Writer(
+        buffer, writer="c", run="r"
+    ) as c:
+        for i in range(1200):
+            for w in (a, b, c):
+                w.log({"i": i})
+    everything = {name: ids(buffer, name) for name in "abc"}
+    cursors = {"a": everything["a"][-1], "b": everything["b"][700], "c": 0}
+    for name, cursor in cursors.items():
+        mark_synced(buffer, name, cursor)
+    assert prune(buffer, older_than=0).deleted == 1200 + 701
+    assert ids(buffer, "a") == []
+    assert ids(buffer, "b") == everything["b"][701:]
+    assert ids(buffer, "c") == everything["c"]
+    with walbuf.Writer(buffer, writer="a", run="r") as a:
+        assert a.log({"i": 0}) == 1200  # its steps go on after its pruned records
 
 
 def test_young_records_are_kept_even_when_synced(buffer):
@@ -111,3 +135,23 @@ def test_cli_prune_and_its_bad_age(buffer):
     assert bad.exit_code == 78 and "like 7d" in bad.output
     missing = CliRunner().invoke(main, ["prune", str(buffer) + ".nope", "--older-than", "7d"])
     assert missing.exit_code == 66
+
+
+@pytest.mark.backends("sqlite")
+def test_a_buffer_made_before_incremental_vacuum_is_switched_by_its_first_prune_and_shrinks(buffer):
+    log(buffer, "a", 3000)
+    conn = sqlite3.connect(buffer, isolation_level=None)
+    conn.execute("PRAGMA auto_vacuum=NONE")  # as walbuf made buffers before it set INCREMENTAL
+    conn.execute("VACUUM")
+    conn.close()
+    assert run_sql(buffer, "PRAGMA auto_vacuum") == [(0,)]
+    mark_synced(buffer, "a", 3000)
+    result = prune(buffer, older_than=0)
+    assert result.bytes_after < result.bytes_before / 5
+    assert run_sql(buffer, "PRAGMA auto_vacuum") == [(2,)]
+
+
+@pytest.mark.backends("sqlite")
+def test_a_new_sqlite_buffer_gives_space_back_a_step_at_a_time(buffer):
+    log(buffer, "a", 1)
+    assert run_sql(buffer, "PRAGMA auto_vacuum") == [(2,)]  # INCREMENTAL: prune never rewrites the whole file

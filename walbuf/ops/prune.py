@@ -21,6 +21,7 @@ from ..buffer import Location, open_buffer
 from ..directory import DirectoryBuffer
 from ..errors import ConfigError
 from ..store import Storage
+from ..store.backend import YIELD_TO_WRITERS
 from ..store.schema import quarantine, records, writers
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -54,9 +55,10 @@ def prune(buffer: Location, *, older_than: float, vacuum: bool = True) -> PruneR
     one is deleted only if the hub's cursors still cover all of it (else it
     goes back to sealed/ for the next sync to take in).
 
-    Writers may keep logging meanwhile. In SQLite they wait on its lock
-    while the deletion and the VACUUM run (up to the busy timeout), and the
-    file shrinks. In PostgreSQL they never wait: plain VACUUM makes the space
+    Writers may keep logging meanwhile, and wait for one short transaction
+    at most: records are deleted PRUNE_BATCH at a time, and SQLite gives the
+    space back to the filesystem a step at a time (see
+    SQLiteBackend.reclaim). In PostgreSQL plain VACUUM makes the space
     reusable by new records without giving it back to the filesystem.
     """
     if isinstance(older_than, bool) or not isinstance(older_than, (int, float)) or not (
@@ -81,27 +83,57 @@ def prune(buffer: Location, *, older_than: float, vacuum: bool = True) -> PruneR
         return PruneResult(deleted, before, storage.size())
 
 
+PRUNE_BATCH = 1000  # records per transaction: writers wait for one batch at most, never the whole prune
+
+
 def _delete_synced(storage: Storage, older_than: float, vacuum: bool) -> int:
-    """Delete the synced records older than ``older_than`` seconds (see the module docstring); how many."""
+    """Delete the synced records older than ``older_than`` seconds (see the module docstring); how many.
+
+    In transactions of PRUNE_BATCH records each, in id order, so a writer
+    waits for one batch at most. A prune stopped between batches leaves
+    every batch before it done and the buffer consistent.
+    """
     cutoff = time.time() - older_than
+    with storage.begin_read() as conn:
+        newest = conn.scalar(sa.select(sa.func.max(records.c.id)))
+    if newest is None:
+        return 0
     cursor = sa.select(writers.c.synced_id).where(writers.c.id == records.c.writer_id).scalar_subquery()
-    newest = sa.select(sa.func.max(records.c.id)).scalar_subquery()
-    doomed = sa.and_(records.c.time < cutoff, records.c.id <= cursor, records.c.id < newest)
-    with storage.begin_write() as conn:
-        last_pruned = (
-            sa.select(sa.func.max(records.c.step))
-            .where(doomed, records.c.writer_id == writers.c.id)
-            .scalar_subquery()
-        )
-        conn.execute(
-            writers.update()
-            .where(sa.exists().where(doomed, records.c.writer_id == writers.c.id))
-            # greatest(), spelt so that SQLite and PostgreSQL both read it.
-            .values(pruned_step=sa.case((writers.c.pruned_step > last_pruned, writers.c.pruned_step), else_=last_pruned))
-        )
-        # A quarantined record goes with the synced ones: its cursor passed it.
-        conn.execute(quarantine.delete().where(quarantine.c.record_id.in_(sa.select(records.c.id).where(doomed))))
-        deleted = conn.execute(records.delete().where(doomed)).rowcount
+    doomed = sa.and_(records.c.time < cutoff, records.c.id <= cursor)
+    deleted, after = 0, 0
+    while True:
+        with storage.begin_write() as conn:
+            last = conn.scalar(
+                sa.select(sa.func.max(sa.literal_column("id"))).select_from(
+                    sa.select(records.c.id)
+                    .where(records.c.id > after, records.c.id < newest, doomed)
+                    .order_by(records.c.id)
+                    .limit(PRUNE_BATCH)
+                    .subquery()
+                )
+            )
+            if last is None:
+                break
+            # One upper bound on the id only: SQLite's range search takes one.
+            batch = sa.and_(records.c.id > after, records.c.id <= last, doomed)
+            last_pruned = (
+                sa.select(sa.func.max(records.c.step))
+                .where(batch, records.c.writer_id == writers.c.id)
+                .scalar_subquery()
+            )
+            conn.execute(
+                writers.update()
+                .where(sa.exists().where(batch, records.c.writer_id == writers.c.id))
+                # greatest(), spelt so that SQLite and PostgreSQL both read it.
+                .values(
+                    pruned_step=sa.case((writers.c.pruned_step > last_pruned, writers.c.pruned_step), else_=last_pruned)
+                )
+            )
+            # A quarantined record goes with the synced ones: its cursor passed it.
+            conn.execute(quarantine.delete().where(quarantine.c.record_id.in_(sa.select(records.c.id).where(batch))))
+            deleted += conn.execute(records.delete().where(batch)).rowcount
+        after = last
+        time.sleep(YIELD_TO_WRITERS)  # not for correctness: see YIELD_TO_WRITERS
     if vacuum and deleted:
         storage.reclaim()
     return deleted

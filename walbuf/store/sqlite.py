@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -19,7 +20,7 @@ from ..errors import (
     ConfigError,
     StorageError,
 )
-from .backend import INSERT_COLUMNS, Access, Appender, Backend, Durability, holding
+from .backend import INSERT_COLUMNS, YIELD_TO_WRITERS, Access, Appender, Backend, Durability, holding
 from .flock import FileLock, held, read_note
 from .trust import Owner, make_folders
 
@@ -30,6 +31,8 @@ from .trust import Owner, make_folders
 # of WAL) gave about 1.2x the records/s of SQLite's defaults (4 KiB, 1,000).
 PAGE_SIZE = 1024  # takes effect only when the database file is created
 WAL_AUTOCHECKPOINT = 10_000  # pages
+RECLAIM_STEP = 1000  # pages a step of prune's reclaim gives back (see SQLiteBackend.reclaim)
+_AUTO_VACUUM_INCREMENTAL = 2  # PRAGMA auto_vacuum's answer
 _INITIALIZE_WAIT = 60.0  # seconds a new buffer's maker waits for another one making it
 
 Journal = str  # "wal" or "delete"
@@ -163,7 +166,8 @@ class SQLiteBackend(Backend):
         turns. WAL stays set in the file, so later openers skip this.
         """
         if cursor.execute("PRAGMA journal_mode").fetchone()[0].lower() == self.journal:
-            return  # a rollback journal is SQLite's default: nothing to set
+            cursor.execute("PRAGMA auto_vacuum=INCREMENTAL")
+            return  # a rollback journal is SQLite's default: nothing else to set
         lock = self.lock("migrate")
         waiting = f"{lock.path}: another process is making the buffer {self.path}"
         busy = f"{waiting}, and held the lock for {_INITIALIZE_WAIT:g}s; find it with `fuser {lock.path}`, or try again"
@@ -172,6 +176,9 @@ class SQLiteBackend(Backend):
             if mode.lower() == self.journal:
                 return
             cursor.execute(f"PRAGMA page_size={PAGE_SIZE}")
+            # Before any table exists (later it changes nothing), and after the
+            # page size: prune gives space back a step at a time (see reclaim).
+            cursor.execute("PRAGMA auto_vacuum=INCREMENTAL")
             mode = cursor.execute(f"PRAGMA journal_mode={self.journal}").fetchone()[0]
         if mode.lower() != self.journal:
             raise ConfigError(
@@ -243,13 +250,28 @@ class SQLiteBackend(Backend):
         return None if found == ["ok"] else "; ".join(found[:3])
 
     def reclaim(self, engine: sa.Engine) -> None:
-        # On the driver connection: VACUUM cannot run inside a transaction.
+        # A step at a time, each its own short write transaction, so a writer
+        # never waits for more than one: incremental_vacuum moves pages from
+        # the end of the file into free ones and cuts the end off. A buffer
+        # made before walbuf set auto_vacuum=INCREMENTAL is switched by one
+        # whole VACUUM, which writers wait for, once.
         raw = engine.raw_connection()
         try:
             driver = raw.driver_connection
-            assert driver is not None
-            driver.execute("VACUUM")
-            driver.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            assert isinstance(driver, sqlite3.Connection)
+            if driver.execute("PRAGMA auto_vacuum").fetchone()[0] != _AUTO_VACUUM_INCREMENTAL:
+                driver.execute("PRAGMA auto_vacuum=INCREMENTAL")
+                driver.execute("VACUUM")
+            free = driver.execute("PRAGMA freelist_count").fetchone()[0]
+            for _ in range(0, free, RECLAIM_STEP):
+                # executescript steps the statement to its end; execute() would
+                # step it once, and each step frees one page.
+                driver.executescript(f"PRAGMA incremental_vacuum({RECLAIM_STEP})")
+                time.sleep(YIELD_TO_WRITERS)
+            # The WAL back to nothing: first what can be copied while writers go
+            # on, then the rest, a short stop at the end.
+            driver.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            driver.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
         except sqlite3.Error as exc:
             raise self.error(exc) from exc
         finally:
