@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -94,6 +95,43 @@ def test_reading_a_missing_buffer_raises_and_creates_nothing(buffer):
 def test_unreachable_server_is_its_own_error():
     with pytest.raises(walbuf.BufferUnavailableError, match="cannot reach"):
         walbuf.Writer("postgresql+psycopg://walbuf@127.0.0.1:9/walbuf", writer="w")
+
+
+@pytest.fixture
+def limited_database():
+    """A URL of a new database whose role may hold 2 connections at once (superusers have no such limit)."""
+    from conftest import POSTGRES
+
+    name = f"limited_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(POSTGRES, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f"CREATE ROLE {name} LOGIN CONNECTION LIMIT 2")
+        conn.exec_driver_sql(f"CREATE DATABASE {name} OWNER {name}")
+    try:
+        yield sa.make_url(POSTGRES).set(username=name, database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"DROP DATABASE {name} WITH (FORCE)")
+            conn.exec_driver_sql(f"DROP ROLE {name}")
+        admin.dispose()
+
+
+@pytest.mark.backends("postgresql")
+def test_a_writer_the_server_has_no_connection_for_waits_for_one_and_logs(limited_database):
+    import psycopg
+
+    held = [psycopg.connect(limited_database.replace("+psycopg", "")) for _ in range(2)]  # every connection the role may have
+    job = subprocess.Popen(
+        [sys.executable, str(Path(__file__).parent / "stdin_writer.py"), limited_database, "w", "r"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    line = job.stderr.readline()
+    assert "the server has no connection to spare" in line and "too many connections" in line, line + job.stderr.read()
+    for conn in held:
+        conn.close()
+    out, err = job.communicate("1\n", timeout=120)
+    assert (job.returncode, out) == (0, "logged 1\nclosed\n"), err
+    assert [r.metrics for r in walbuf.read(limited_database)] == [{"i": 1}]
 
 
 def test_read_filters_by_run_and_writer(buffer):

@@ -48,7 +48,9 @@ DATAERR = ExitCode(
     65, "the buffer is corrupt, not a walbuf buffer, or at a schema this walbuf cannot read without changing it"
 )
 NOINPUT = ExitCode(66, "the buffer does not exist")
-UNAVAILABLE = ExitCode(69, "the buffer's PostgreSQL server cannot be reached; retry later", retry=True)
+UNAVAILABLE = ExitCode(
+    69, "the buffer's PostgreSQL server cannot be reached, or had no connection to spare; retry later", retry=True
+)
 TEMPFAIL = ExitCode(75, "W&B unreachable or failed: nothing was marked synced; retry later", retry=True)
 NOPERM = ExitCode(
     77,

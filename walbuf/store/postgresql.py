@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
@@ -22,6 +25,22 @@ from .backend import INSERT_COLUMNS, Access, Appender, Backend, Durability, Lock
 _PG_LOCK_NOT_AVAILABLE = "55P03"
 _PG_DISK_FULL = "53100"
 _PG_UNKNOWN_DATABASE = "3D000"
+
+# A server with no connection to spare refuses a new one with SQLSTATE 53300,
+# but libpq hands a refusal at connection start over as text only (psycopg's
+# OperationalError then has no sqlstate): these are the server's messages
+# for it (PostgreSQL's postinit.c and proc.c; the server's lc_messages
+# decides their language, and English is the default).
+_NO_CONNECTION_TO_SPARE = (
+    "too many clients already",
+    "too many connections for",  # ... role "x" / database "x"
+    "remaining connection slots are reserved",
+)
+CONNECT_WAIT = 60.0  # seconds a connection waits for the server to have one to spare
+_CONNECT_POLL_FIRST, _CONNECT_POLL_MAX = 0.05, 1.0  # seconds between attempts, doubling up to the max
+
+_log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 class PostgresBackend(Backend):
@@ -57,6 +76,9 @@ class PostgresBackend(Backend):
             dbapi_connection.execute(f"SET lock_timeout TO {lock_ms}")
             dbapi_connection.autocommit = autocommit
 
+        def do_connect(dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:
+            return self.connect_waiting(lambda: dialect.connect(*cargs, **cparams), max(busy_timeout, CONNECT_WAIT))
+
         try:
             engine = sa.create_engine(self.url, poolclass=sa.pool.NullPool)
         except ModuleNotFoundError:
@@ -64,8 +86,46 @@ class PostgresBackend(Backend):
                 f"buffer {self.location} is in PostgreSQL, which needs psycopg:"
                 " pip install 'walbuf[postgresql]'"
             ) from None
+        sa.event.listen(engine, "do_connect", do_connect)
         sa.event.listen(engine, "connect", on_connect)
         return engine
+
+    def connect_waiting(self, connect: Callable[[], _T], seconds: float = CONNECT_WAIT) -> _T:
+        """``connect()``; while the server has no connection to spare, again, for up to ``seconds``.
+
+        A job of more writer processes than the server's max_connections
+        then waits for others to close instead of failing: each attempt
+        that is refused so is free, and the first one waited for is logged
+        (a warning). Past ``seconds``, BufferUnavailableError names the limit.
+        Every other failure is raised at once.
+        """
+        import psycopg
+
+        deadline = time.monotonic() + seconds
+        pause = _CONNECT_POLL_FIRST
+        warned = False
+        while True:
+            try:
+                return connect()
+            except psycopg.OperationalError as exc:
+                message = str(exc).strip()
+                if exc.sqlstate is not None or not any(text in message for text in _NO_CONNECTION_TO_SPARE):
+                    raise
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise BufferUnavailableError(
+                        f"{self.location}: the server had no connection to spare for {seconds:g}s ({message});"
+                        " raise its max_connections, put PgBouncer in session mode in front of it,"
+                        " or run fewer writer processes at once"
+                    ) from None
+                if not warned:
+                    _log.warning(
+                        "%s: the server has no connection to spare (%s); waiting up to %gs for one",
+                        self.location, message.splitlines()[-1], seconds,
+                    )
+                    warned = True
+                time.sleep(min(pause, left))
+                pause = min(pause * 2, _CONNECT_POLL_MAX)
 
     def exists(self) -> bool:
         return True  # connecting tells; a missing database is reported then
@@ -176,11 +236,9 @@ class _AdvisoryLock:
         import psycopg
 
         if self._connection is None:
+            url = self._backend.url.set(drivername="postgresql").render_as_string(hide_password=False)
             try:
-                self._connection = psycopg.connect(
-                    self._backend.url.set(drivername="postgresql").render_as_string(hide_password=False),
-                    autocommit=True,
-                )
+                self._connection = self._backend.connect_waiting(lambda: psycopg.connect(url, autocommit=True))
             except psycopg.Error as exc:
                 raise self._backend.error(exc) from exc
         conn = self._connection
