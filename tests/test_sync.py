@@ -550,3 +550,37 @@ def test_a_sync_removes_the_working_folders_that_syncers_killed_on_this_host_lef
     log_records(buffer, "rank-0", 2)
     assert run_sync(server, buffer, env={"XDG_CACHE_HOME": str(tmp_path / "cache")}).returncode == 0
     assert sorted(p.name for p in cache.iterdir()) == sorted([living.name, elsewhere.name])
+
+
+def _count_hand_offs(monkeypatch):
+    """Count the calls into wandb's asyncio thread (each one a wake-up that the caller waits for)."""
+    from wandb.sdk.lib.asyncio_manager import AsyncioManager
+
+    calls = Counter()
+    real = AsyncioManager.run
+
+    def counted(self, fn):
+        calls["run"] += 1
+        return real(self, fn)
+
+    monkeypatch.setattr(AsyncioManager, "run", counted)
+    return calls
+
+
+@pytest.mark.backends("sqlite")
+def test_a_sync_hands_rows_to_wandb_in_batches_not_one_by_one(in_process, buffer, monkeypatch):
+    log_records(buffer, "w", 2000)
+    calls = _count_hand_offs(monkeypatch)
+    result = walbuf.sync(buffer)
+    assert result.records == 2000
+    assert len(in_process.run(result.runs[0].target.wandb_id).history) == 2000
+    assert calls["run"] < 200  # one per 500 rows, and wandb's own around them
+
+
+@pytest.mark.backends("sqlite")
+def test_a_sync_with_a_time_bound_hands_rows_over_one_by_one_which_paces_them(in_process, buffer, monkeypatch):
+    log_records(buffer, "w", 2000)
+    calls = _count_hand_offs(monkeypatch)
+    result = walbuf.sync(buffer, max_seconds=600)
+    assert result.records == 2000
+    assert calls["run"] >= 2000

@@ -238,20 +238,28 @@ class _Replay:
         # wandb's own thread, and work done between two calls makes that wait
         # longer (docs/performance.md).
         ready = [self._prepare(*record) for record in batch]
-        for (record_id, writer_id, step, _, _), (row, needed, problem) in zip(batch, ready):
-            if self.budget.spent():
-                return False
-            writer = self.plan.writers[writer_id]
-            if problem is None:
-                self.handed = record_id  # from here on W&B may hold it, whatever ends the upload
-                problem = self._send(wandb_run, writer, row, needed)
-            if problem is not None:
-                self.quarantined.append((record_id, Quarantined(writer.name, step, problem)))
-            self.last_handled = record_id
-            self.budget.take()
-            self.unreported += 1
+        handled_all = True
+        # And wandb gets them in one hand-off (WandbRun.batched), unless the
+        # sync has a time bound: wandb-core then gets them one by one, as
+        # before, which paces the hand-over to what it sends on. Handed over
+        # faster, they wait in wandb-core (up to two file_stream requests of
+        # 10 MiB) for run.finish(), past the reserve the bound keeps for it.
+        with wandb_run.batched() if self.budget.deadline is None else contextlib.nullcontext():
+            for (record_id, writer_id, step, _, _), (row, needed, problem) in zip(batch, ready):
+                if self.budget.spent():
+                    handled_all = False
+                    break
+                writer = self.plan.writers[writer_id]
+                if problem is None:
+                    self.handed = record_id  # from here on W&B may hold it, whatever ends the upload
+                    problem = self._send(wandb_run, writer, row, needed)
+                if problem is not None:
+                    self.quarantined.append((record_id, Quarantined(writer.name, step, problem)))
+                self.last_handled = record_id
+                self.budget.take()
+                self.unreported += 1
         self.report_progress()
-        return True
+        return handled_all
 
     def _prepare(
         self, record_id: int, writer_id: int, step: int, wall_time: float, metrics: str
