@@ -1,0 +1,123 @@
+"""`walbuf sync` against `wandb beta sync` and `wandb sync` of the same rows, side by side, into the fake server.
+
+The rows: --rows records of 5 keys from one writer, logged into a walbuf
+buffer, and the same rows logged by wandb in offline mode (under the prefix
+and step axis walbuf gives them, with the same glob definition). Each round
+runs, in a rotated order and each as its own process (imports included):
+
+- first sync: `walbuf sync` of the buffer (its writer closed: the sync also
+  finishes the run), `wandb beta sync` and `wandb sync` of the offline run
+  directory;
+- incremental: --more new records on top of the synced ones, against
+  wandb's tools uploading an offline run of --more rows.
+
+Between rounds the buffer's cursors are set back, so each round's first sync
+sends every row again (into a new W&B run). Printed: each contender's median
+time and rows/s, and walbuf's time over each of the others (median of the
+rounds' ratios).
+
+    python scripts/bench_vs_wandb_sync.py [--rows 20000] [--more 2000] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import walbuf
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from wandb_server import FakeWandb  # noqa: E402
+
+OFFLINE = """
+import sys, wandb
+rows, folder = int(sys.argv[1]), sys.argv[2]
+run = wandb.init(mode="offline", project="bench", dir=folder,
+                 settings=wandb.Settings(silent=True, console="off", x_disable_stats=True))
+run.define_metric("w/*", step_metric="w/step")
+for i in range(rows):
+    run.log({"w/step": i, "w/a": i * 0.5, "w/b": 1.0, "w/c": 2.0, "w/d": 3.0, "w/e": 4.0})
+run.finish()
+"""
+
+
+def log(buffer: Path, start: int, n: int) -> None:
+    with walbuf.Writer(buffer, writer="w", run="bench") as w:
+        for i in range(start, start + n):
+            w.log({"a": i * 0.5, "b": 1.0, "c": 2.0, "d": 3.0, "e": 4.0})
+
+
+def offline_run(folder: Path, rows: int) -> str:
+    folder.mkdir()
+    subprocess.run([sys.executable, "-c", OFFLINE, str(rows), str(folder)], check=True, capture_output=True)
+    return glob.glob(str(folder / "wandb" / "offline-run-*"))[0]
+
+
+def timed(command: list[str], env: dict[str, str], cleanup: str | None = None) -> float:
+    if cleanup:
+        for marker in glob.glob(cleanup + "/*.synced"):  # so wandb's tools upload it again
+            os.remove(marker)
+    start = time.perf_counter()
+    proc = subprocess.run(command, env=env, capture_output=True, text=True)
+    took = time.perf_counter() - start
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(command)} failed: {proc.stderr.strip()}")
+    return took
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=20_000)
+    parser.add_argument("--more", type=int, default=2_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    wandb_cli = str(Path(sys.executable).with_name("wandb"))
+    with tempfile.TemporaryDirectory() as tmp, FakeWandb() as server:
+        env = {**os.environ, **server.env()}
+        buffer = Path(tmp) / "metrics.db"
+        log(buffer, 0, args.rows)
+        first_dir = offline_run(Path(tmp) / "first", args.rows)
+        more_dir = offline_run(Path(tmp) / "more", args.more)
+        walbuf_sync = [sys.executable, "-m", "walbuf", "sync", str(buffer), "--project", "bench", "--quiet"]
+        times: dict[str, list[float]] = {}
+        for r in range(args.rounds):
+            with sqlite3.connect(buffer) as conn:  # every record pending again, for a new W&B run
+                conn.execute("UPDATE writers SET synced_id = 0")
+                conn.execute("UPDATE runs SET wandb_id = NULL, finished_exit = NULL")
+            firsts = {
+                "walbuf sync": lambda: timed(walbuf_sync, env),
+                "wandb beta sync": lambda: timed([wandb_cli, "beta", "sync", first_dir], env, first_dir),
+                "wandb sync": lambda: timed([wandb_cli, "sync", first_dir], env, first_dir),
+            }
+            order = list(firsts)[r % 3 :] + list(firsts)[: r % 3]
+            for name in order:
+                times.setdefault(f"first: {name}", []).append(firsts[name]())
+            log(buffer, args.rows + r * args.more, args.more)
+            mores = {
+                "walbuf sync": lambda: timed(walbuf_sync, env),
+                "wandb beta sync": lambda: timed([wandb_cli, "beta", "sync", more_dir], env, more_dir),
+                "wandb sync": lambda: timed([wandb_cli, "sync", more_dir], env, more_dir),
+            }
+            for name in order:
+                times.setdefault(f"incremental: {name}", []).append(mores[name]())
+    for phase, rows in (("first", args.rows), ("incremental", args.more)):
+        print(f"{phase} sync of {rows:,} rows (median of {args.rounds} rounds):")
+        ours = times[f"{phase}: walbuf sync"]
+        for name in ("walbuf sync", "wandb beta sync", "wandb sync"):
+            theirs = times[f"{phase}: {name}"]
+            median = statistics.median(theirs)
+            ratio = statistics.median(a / b for a, b in zip(ours, theirs))
+            vs = "" if name == "walbuf sync" else f"   walbuf takes {ratio:.2f}x its time"
+            print(f"  {name:<16} {median:6.2f} s  {rows / median:8,.0f} rows/s{vs}")
+
+
+if __name__ == "__main__":
+    main()
