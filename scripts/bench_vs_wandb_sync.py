@@ -5,12 +5,14 @@ buffer, and the same rows logged by wandb in offline mode (under the prefix
 and step axis walbuf gives them, with the same glob definition). Each round
 runs, in a rotated order and each as its own process (imports included):
 
-- first sync: `walbuf sync` of the buffer (its writer closed: the sync also
-  finishes the run), `wandb beta sync` and `wandb sync` of the offline run
-  directory;
+- first sync: `walbuf sync` of the buffer, `wandb beta sync` and `wandb
+  sync` of the offline run directory;
 - incremental: --more new records on top of the synced ones, against
   wandb's tools uploading an offline run of --more rows.
 
+The walbuf writer stays open throughout, as a job still running when cron
+syncs (so a sync ends by marking the run preempting; a sync after the
+writer closed would also finish the run, with a second, empty upload).
 Between rounds the buffer's cursors are set back, so each round's first sync
 sends every row again (into a new W&B run). Printed: each contender's median
 time and rows/s, and walbuf's time over each of the others (median of the
@@ -49,10 +51,9 @@ run.finish()
 """
 
 
-def log(buffer: Path, start: int, n: int) -> None:
-    with walbuf.Writer(buffer, writer="w", run="bench") as w:
-        for i in range(start, start + n):
-            w.log({"a": i * 0.5, "b": 1.0, "c": 2.0, "d": 3.0, "e": 4.0})
+def log(writer: walbuf.Writer, start: int, n: int) -> None:
+    for i in range(start, start + n):
+        writer.log({"a": i * 0.5, "b": 1.0, "c": 2.0, "d": 3.0, "e": 4.0})
 
 
 def offline_run(folder: Path, rows: int) -> str:
@@ -83,7 +84,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, FakeWandb() as server:
         env = {**os.environ, **server.env()}
         buffer = Path(tmp) / "metrics.db"
-        log(buffer, 0, args.rows)
+        writer = walbuf.Writer(buffer, writer="w", run="bench")
+        log(writer, 0, args.rows)
         first_dir = offline_run(Path(tmp) / "first", args.rows)
         more_dir = offline_run(Path(tmp) / "more", args.more)
         walbuf_sync = [sys.executable, "-m", "walbuf", "sync", str(buffer), "--project", "bench", "--quiet"]
@@ -100,7 +102,7 @@ def main() -> None:
             order = list(firsts)[r % 3 :] + list(firsts)[: r % 3]
             for name in order:
                 times.setdefault(f"first: {name}", []).append(firsts[name]())
-            log(buffer, args.rows + r * args.more, args.more)
+            log(writer, args.rows + r * args.more, args.more)
             mores = {
                 "walbuf sync": lambda: timed(walbuf_sync, env),
                 "wandb beta sync": lambda: timed([wandb_cli, "beta", "sync", more_dir], env, more_dir),
@@ -108,6 +110,7 @@ def main() -> None:
             }
             for name in order:
                 times.setdefault(f"incremental: {name}", []).append(mores[name]())
+        writer.close()
     for phase, rows in (("first", args.rows), ("incremental", args.more)):
         print(f"{phase} sync of {rows:,} rows (median of {args.rounds} rounds):")
         ours = times[f"{phase}: walbuf sync"]

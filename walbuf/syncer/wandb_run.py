@@ -80,6 +80,7 @@ class WandbRun:
             console="off",
             x_disable_stats=True,
             x_disable_machine_info=True,
+            x_save_requirements=False,  # the syncer's packages, not the job's (and listing them takes 0.1-0.2 s)
             save_code=False,
             disable_git=True,
             disable_job_creation=True,
