@@ -193,7 +193,7 @@ class WandbRun:
         one call. Anything that waits for wandb-core's answer first hands
         over what is kept. An exception leaving the block drops what is kept
         (the upload fails; nothing is marked synced). With a wandb this was
-        not checked against (see _Batcher.fits), each record goes as before.
+        not checked against (see _Batcher.of), each record goes as before.
         """
         batcher = _Batcher.of(self._run)
         if batcher is None:
