@@ -134,3 +134,44 @@ def test_follow_takes_no_bounds_or_offline_mode(server, buffer):
         )
         assert proc.returncode == 2 and "--follow" in proc.stderr
 
+
+
+def wandb_cores():
+    """The wandb-core processes this process started (their pids)."""
+    found = set()
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        try:
+            children = (task / "children").read_text().split()
+        except FileNotFoundError:  # a thread that ended meanwhile
+            continue
+        for child in children:
+            try:
+                if b"wandb-core" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    found.add(int(child))
+            except FileNotFoundError:
+                continue
+    return found
+
+
+def test_a_follow_restarts_wandbs_service_after_every_renew_every_uploads(in_process, buffer):
+    # wandb-core keeps memory for each run it served: a follow of days must not keep one wandb-core.
+    import walbuf
+
+    writer = start_writer(buffer)
+    log(writer, 0)
+    cores = []
+
+    def on_pass(done):
+        cores.append(wandb_cores())
+        if len(cores) < 4:
+            log(writer, len(cores))  # one more record: the next pass uploads again
+        elif not writer.stdin.closed:
+            close(writer)  # the job ends: the follow finishes the run and returns
+
+    try:
+        result = walbuf.follow(buffer, interval=0.1, renew_every=2, on_pass=on_pass)
+    finally:
+        writer.kill()
+    assert result.records == 4 and result.finished == ("exp",)
+    seen = set().union(*cores)
+    assert len(seen) >= 2, cores  # uploads 1-2 on one wandb-core, 3-4 on another

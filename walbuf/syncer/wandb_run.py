@@ -473,6 +473,16 @@ def _init_log(directory: Path) -> str:
     return "".join(lines)
 
 
+def renew_wandb() -> None:
+    """Between uploads: end wandb's service in this process, gracefully; the next upload starts one afresh.
+
+    wandb-core keeps memory for each run it served (see walbuf.syncer.follow.RENEW_EVERY).
+    """
+    import wandb
+
+    _teardown(wandb)
+
+
 def restart_wandb() -> None:
     """End wandb's service in this process, so that the next upload starts one afresh.
 
