@@ -94,15 +94,14 @@ def _delete_synced(storage: Storage, older_than: float, vacuum: bool) -> int:
     every batch before it done and the buffer consistent.
     """
     cutoff = time.time() - older_than
-    with storage.begin_read() as conn:
-        newest = conn.scalar(sa.select(sa.func.max(records.c.id)))
-    if newest is None:
-        return 0
     cursor = sa.select(writers.c.synced_id).where(writers.c.id == records.c.writer_id).scalar_subquery()
     doomed = sa.and_(records.c.time < cutoff, records.c.id <= cursor)
     deleted, after = 0, 0
+    newest: int | None = None
     while True:
         with storage.begin_write() as conn:
+            if newest is None:
+                newest = conn.scalar(sa.select(sa.func.max(records.c.id))) or 0
             last = conn.scalar(
                 sa.select(sa.func.max(sa.literal_column("id"))).select_from(
                     sa.select(records.c.id)
@@ -112,10 +111,11 @@ def _delete_synced(storage: Storage, older_than: float, vacuum: bool) -> int:
                     .subquery()
                 )
             )
-            if last is None:
-                break
+            # The last, empty batch runs its statements too: a buffer this
+            # process may not write is refused even with nothing to delete.
+            end = after if last is None else last
             # One upper bound on the id only: SQLite's range search takes one.
-            batch = sa.and_(records.c.id > after, records.c.id <= last, doomed)
+            batch = sa.and_(records.c.id > after, records.c.id <= end, doomed)
             last_pruned = (
                 sa.select(sa.func.max(records.c.step))
                 .where(batch, records.c.writer_id == writers.c.id)
@@ -132,6 +132,8 @@ def _delete_synced(storage: Storage, older_than: float, vacuum: bool) -> int:
             # A quarantined record goes with the synced ones: its cursor passed it.
             conn.execute(quarantine.delete().where(quarantine.c.record_id.in_(sa.select(records.c.id).where(batch))))
             deleted += conn.execute(records.delete().where(batch)).rowcount
+        if last is None:
+            break
         after = last
         time.sleep(YIELD_TO_WRITERS)  # not for correctness: see YIELD_TO_WRITERS
     if vacuum and deleted:
