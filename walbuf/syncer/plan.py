@@ -10,6 +10,7 @@ have delivered), and notes the new upload as running.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import os
@@ -17,6 +18,8 @@ import secrets
 import socket
 import string
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import asdict, astuple, dataclass, replace
 
 import sqlalchemy as sa
@@ -105,55 +108,86 @@ def plan(
     ``finishing``: an upload even with nothing pending, to finish the W&B run
     (it sends the run's config, definitions and summary again, whole).
     """
+    if dry_run:
+        with storage.begin_read() as conn:
+            nothing_written = lambda: contextlib.nullcontext(conn)  # noqa: E731
+            return _plan(conn, nothing_written, name, overrides, mode, budget, None, dry_run=True, finishing=finishing)
     # The fence makes the newest id a sound upper bound: no record at or
     # below it can still appear (see walbuf.store.backend).
-    transaction = storage.begin_read() if dry_run else storage.begin_write(fence=True)
-    with transaction as conn:
-        run_id = conn.execute(sa.select(runs.c.id).where(runs.c.name == name)).scalar_one()
-        found = {
-            row.id: PlanWriter(row.id, row.name, row.step_axis, row.synced_id, row.prefix)
-            for row in conn.execute(
-                sa.select(
-                    writers.c.id,
-                    writers.c.name,
-                    writers.c.step_axis,
-                    writers.c.synced_id,
-                    sa.func.coalesce(writers.c.prefix, writers.c.name).label("prefix"),
-                ).where(writers.c.run_id == run_id)
-            )
-        }
-        if not found:
-            return None
-        low = min(w.synced_id for w in found.values())
+    with storage.begin_write(fence=True) as conn:
         high = conn.scalar(sa.select(sa.func.max(records.c.id))) or 0
-        counts = _pending_counts(conn, found, low, high)
-        config_id = conn.scalar(sa.select(runs.c.config_id).where(runs.c.id == run_id))
-        new_config = conn.scalar(
-            sa.select(sa.func.count())
-            .select_from(config_entries)
-            .where(config_entries.c.writer_id.in_(list(found)), config_entries.c.id > config_id)
+    # Counting what is pending reads every pending record: in a read snapshot,
+    # never while holding the write lock that writers wait for; the writes
+    # come after, in a short transaction of their own. Writers only add
+    # records above ``high`` meanwhile, and this syncer holds the sync lock.
+    with storage.begin_read() as reads:
+        return _plan(
+            reads, storage.begin_write, name, overrides, mode, budget, high, dry_run=False, finishing=finishing
         )
-        if sum(counts.values()) == 0 and not new_config and not finishing:
-            return None
-        target, new_target = _target(conn, run_id, name, overrides, mode, dry_run)
-        if budget.remaining is not None and sum(counts.values()) > budget.remaining:
-            high = _id_of_nth_pending(conn, found, low, budget.remaining)
-            counts = _pending_counts(conn, found, low, high)
+
+
+def _plan(
+    reads: sa.Connection,
+    begin_writes: Callable[[], AbstractContextManager[sa.Connection]],
+    name: str,
+    overrides: Target,
+    mode: SyncMode,
+    budget: Budget,
+    high: int | None,
+    *,
+    dry_run: bool,
+    finishing: bool,
+) -> Plan | None:
+    conn = reads
+    run_id = conn.execute(sa.select(runs.c.id).where(runs.c.name == name)).scalar_one()
+    found = {
+        row.id: PlanWriter(row.id, row.name, row.step_axis, row.synced_id, row.prefix)
+        for row in conn.execute(
+            sa.select(
+                writers.c.id,
+                writers.c.name,
+                writers.c.step_axis,
+                writers.c.synced_id,
+                sa.func.coalesce(writers.c.prefix, writers.c.name).label("prefix"),
+            ).where(writers.c.run_id == run_id)
+        )
+    }
+    if not found:
+        return None
+    low = min(w.synced_id for w in found.values())
+    if high is None:
+        high = conn.scalar(sa.select(sa.func.max(records.c.id))) or 0
+    counts = _pending_counts(conn, found, low, high)
+    config_id = conn.scalar(sa.select(runs.c.config_id).where(runs.c.id == run_id))
+    new_config = conn.scalar(
+        sa.select(sa.func.count())
+        .select_from(config_entries)
+        .where(config_entries.c.writer_id.in_(list(found)), config_entries.c.id > config_id)
+    )
+    if sum(counts.values()) == 0 and not new_config and not finishing:
+        return None
+    if budget.remaining is not None and sum(counts.values()) > budget.remaining:
+        high = _id_of_nth_pending(conn, found, low, budget.remaining)
+        counts = _pending_counts(conn, found, low, high)
+    possibly_duplicated = _possibly_delivered(conn, run_id, found, low, high)
+    new_run = conn.scalar(
+        sa.select(sa.func.count()).select_from(syncs).where(syncs.c.run_id == run_id, syncs.c.status == "ok")
+    ) == 0
+    with begin_writes() as writes:
+        target, new_target = _target(writes, run_id, name, overrides, mode, dry_run)
         report = RunSync(
             run=name,
             target=target,
             mode=mode,
             records=sum(counts.values()),
             per_writer={found[w].name: n for w, n in counts.items() if n},
-            possibly_duplicated=_possibly_delivered(conn, run_id, found, low, high, dry_run),
+            possibly_duplicated=possibly_duplicated,
         )
-        new_run = new_target or conn.scalar(
-            sa.select(sa.func.count()).select_from(syncs).where(syncs.c.run_id == run_id, syncs.c.status == "ok")
-        ) == 0
         sync_id = 0
         if not dry_run:
+            _close_dead_syncs(writes, run_id)
             sync_id = inserted_id(
-                conn.execute(
+                writes.execute(
                     syncs.insert().values(
                         run_id=run_id,
                         mode=mode,
@@ -166,7 +200,7 @@ def plan(
                     )
                 )
             )
-        return Plan(run_id, report, found, low, high, sync_id, new_run)
+    return Plan(run_id, report, found, low, high, sync_id, new_target or new_run)
 
 
 def pending_filter(found: dict[int, PlanWriter], low: int, high: int) -> sa.ColumnElement[bool]:
@@ -269,10 +303,8 @@ def _target_text(target: Target) -> str:
     return "/".join(part or "-" for part in (target.entity, target.project, target.wandb_id))
 
 
-def _possibly_delivered(
-    conn: sa.Connection, run_id: int, found: dict[int, PlanWriter], low: int, high: int, dry_run: bool
-) -> int:
-    """Pending records that an earlier upload of this run may have delivered; close the entries of dead syncers.
+def _possibly_delivered(conn: sa.Connection, run_id: int, found: dict[int, PlanWriter], low: int, high: int) -> int:
+    """Pending records that an earlier upload of this run may have delivered.
 
     An upload that was cut off (its syncer died: still "running"; or it was
     interrupted) or failed may have delivered some of its records before it
@@ -280,13 +312,14 @@ def _possibly_delivered(
     or interrupted upload's entry reaches as far as it handed records to
     wandb; a dead syncer's, as far as it planned.
     """
-    dead = sa.and_(syncs.c.run_id == run_id, syncs.c.status == "running")
     unconfirmed = sa.and_(syncs.c.run_id == run_id, syncs.c.status.in_(("running", "interrupted", "failed")))
     reach = conn.scalar(sa.select(sa.func.max(syncs.c.last_id)).where(unconfirmed))
-    if not dry_run:
-        conn.execute(
-            syncs.update().where(dead).values(status="interrupted", message="the syncer died during the upload")
-        )
     if reach is None:
         return 0
     return sum(_pending_counts(conn, found, low, min(reach, high)).values())
+
+
+def _close_dead_syncs(conn: sa.Connection, run_id: int) -> None:
+    """Mark the entries of syncers that died during an upload of the run (still "running") interrupted."""
+    dead = sa.and_(syncs.c.run_id == run_id, syncs.c.status == "running")
+    conn.execute(syncs.update().where(dead).values(status="interrupted", message="the syncer died during the upload"))
