@@ -10,7 +10,6 @@ have delivered), and notes the new upload as running.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import os
@@ -18,8 +17,6 @@ import secrets
 import socket
 import string
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import asdict, astuple, dataclass, replace
 
 import sqlalchemy as sa
@@ -110,35 +107,40 @@ def plan(
     """
     if dry_run:
         with storage.begin_read() as conn:
-            nothing_written = lambda: contextlib.nullcontext(conn)  # noqa: E731
-            return _plan(conn, nothing_written, name, overrides, mode, budget, None, dry_run=True, finishing=finishing)
+            survey = _survey(conn, name, budget, None, finishing)
+            return None if survey is None else _settle(conn, survey, name, overrides, mode, dry_run=True)
     # The fence makes the newest id a sound upper bound: no record at or
     # below it can still appear (see walbuf.store.backend).
     with storage.begin_write(fence=True) as conn:
         high = conn.scalar(sa.select(sa.func.max(records.c.id))) or 0
     # Counting what is pending reads every pending record: in a read snapshot,
     # never while holding the write lock that writers wait for; the writes
-    # come after, in a short transaction of their own. Writers only add
-    # records above ``high`` meanwhile, and this syncer holds the sync lock.
-    with storage.begin_read() as reads:
-        return _plan(
-            reads, storage.begin_write, name, overrides, mode, budget, high, dry_run=False, finishing=finishing
-        )
+    # follow once it has ended (a rollback-journal database, the hub, lets no
+    # write commit while a read is open). Writers only add records above
+    # ``high`` meanwhile, and this syncer holds the sync lock.
+    with storage.begin_read() as conn:
+        survey = _survey(conn, name, budget, high, finishing)
+    if survey is None:
+        return None
+    with storage.begin_write() as conn:
+        return _settle(conn, survey, name, overrides, mode, dry_run=False)
 
 
-def _plan(
-    reads: sa.Connection,
-    begin_writes: Callable[[], AbstractContextManager[sa.Connection]],
-    name: str,
-    overrides: Target,
-    mode: SyncMode,
-    budget: Budget,
-    high: int | None,
-    *,
-    dry_run: bool,
-    finishing: bool,
-) -> Plan | None:
-    conn = reads
+@dataclass(frozen=True)
+class _Survey:
+    """What an upload of a run covers, as read: before its target is fixed and its log entry written."""
+
+    run_id: int
+    writers: dict[int, PlanWriter]
+    low: int
+    high: int
+    counts: dict[int, int]  # writer id -> pending records
+    possibly_duplicated: int
+    new_run: bool  # no upload of the run was confirmed yet
+
+
+def _survey(conn: sa.Connection, name: str, budget: Budget, high: int | None, finishing: bool) -> _Survey | None:
+    """Read what an upload of the run covers, up to ``high`` (None: the newest record); None if nothing is pending."""
     run_id = conn.execute(sa.select(runs.c.id).where(runs.c.name == name)).scalar_one()
     found = {
         row.id: PlanWriter(row.id, row.name, row.step_axis, row.synced_id, row.prefix)
@@ -169,38 +171,44 @@ def _plan(
     if budget.remaining is not None and sum(counts.values()) > budget.remaining:
         high = _id_of_nth_pending(conn, found, low, budget.remaining)
         counts = _pending_counts(conn, found, low, high)
-    possibly_duplicated = _possibly_delivered(conn, run_id, found, low, high)
     new_run = conn.scalar(
         sa.select(sa.func.count()).select_from(syncs).where(syncs.c.run_id == run_id, syncs.c.status == "ok")
     ) == 0
-    with begin_writes() as writes:
-        target, new_target = _target(writes, run_id, name, overrides, mode, dry_run)
-        report = RunSync(
-            run=name,
-            target=target,
-            mode=mode,
-            records=sum(counts.values()),
-            per_writer={found[w].name: n for w, n in counts.items() if n},
-            possibly_duplicated=possibly_duplicated,
-        )
-        sync_id = 0
-        if not dry_run:
-            _close_dead_syncs(writes, run_id)
-            sync_id = inserted_id(
-                writes.execute(
-                    syncs.insert().values(
-                        run_id=run_id,
-                        mode=mode,
-                        status="running",
-                        started_at=time.time(),
-                        last_id=high,
-                        records=report.records,
-                        host=socket.gethostname(),
-                        pid=os.getpid(),
-                    )
+    return _Survey(run_id, found, low, high, counts, _possibly_delivered(conn, run_id, found, low, high), new_run)
+
+
+def _settle(
+    conn: sa.Connection, survey: _Survey, name: str, overrides: Target, mode: SyncMode, *, dry_run: bool
+) -> Plan:
+    """Fix the run's target and (unless ``dry_run``) write the upload's log entry; the plan."""
+    target, new_target = _target(conn, survey.run_id, name, overrides, mode, dry_run)
+    counts = survey.counts
+    report = RunSync(
+        run=name,
+        target=target,
+        mode=mode,
+        records=sum(counts.values()),
+        per_writer={survey.writers[w].name: n for w, n in counts.items() if n},
+        possibly_duplicated=survey.possibly_duplicated,
+    )
+    sync_id = 0
+    if not dry_run:
+        _close_dead_syncs(conn, survey.run_id)
+        sync_id = inserted_id(
+            conn.execute(
+                syncs.insert().values(
+                    run_id=survey.run_id,
+                    mode=mode,
+                    status="running",
+                    started_at=time.time(),
+                    last_id=survey.high,
+                    records=report.records,
+                    host=socket.gethostname(),
+                    pid=os.getpid(),
                 )
             )
-    return Plan(run_id, report, found, low, high, sync_id, new_target or new_run)
+        )
+    return Plan(survey.run_id, report, survey.writers, survey.low, survey.high, sync_id, new_target or survey.new_run)
 
 
 def pending_filter(found: dict[int, PlanWriter], low: int, high: int) -> sa.ColumnElement[bool]:
