@@ -21,7 +21,6 @@ from ..buffer import Location, open_buffer
 from ..directory import DirectoryBuffer
 from ..errors import ConfigError
 from ..store import Storage
-from ..store.backend import YIELD_TO_WRITERS
 from ..store.schema import quarantine, records, writers
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -135,7 +134,7 @@ def _delete_synced(storage: Storage, older_than: float, vacuum: bool) -> int:
         if last is None:
             break
         after = last
-        time.sleep(YIELD_TO_WRITERS)  # not for correctness: see YIELD_TO_WRITERS
+        storage.yield_to_writers()
     if vacuum and deleted:
         storage.reclaim()
     return deleted

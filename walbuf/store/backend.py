@@ -20,6 +20,7 @@ commit, and those that start later draw larger ids.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Literal, Protocol
@@ -167,6 +168,14 @@ class Backend:
     def reclaim(self, engine: sa.Engine) -> None:
         """Give the space of deleted records back (to the filesystem where the kind can)."""
         raise NotImplementedError
+
+    def yield_to_writers(self, engine: sa.Engine) -> None:
+        """Between two write transactions of housekeeping: let the writers waiting meanwhile in.
+
+        Not for correctness (see YIELD_TO_WRITERS); a kind may also settle
+        here what a writer would otherwise pay for in its next log().
+        """
+        time.sleep(YIELD_TO_WRITERS)
 
     def size(self, engine: sa.Engine) -> int:
         """Bytes the buffer takes."""

@@ -249,6 +249,11 @@ class Storage:
         with self.translate_errors():
             self.backend.reclaim(self.engine)
 
+    def yield_to_writers(self) -> None:
+        """Between two write transactions of housekeeping (see Backend.yield_to_writers)."""
+        with self.translate_errors():
+            self.backend.yield_to_writers(self.engine)
+
     def close(self) -> None:
         """Close the engine's connections (in the process that opened them)."""
         self.engine.dispose()
