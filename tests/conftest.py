@@ -312,3 +312,22 @@ def shared_folders(cotenant):
         yield scratch, project
     finally:
         shutil.rmtree(top)
+
+
+@pytest.fixture
+def limited_database():
+    """A URL of a new database whose role may hold 2 connections at once (superusers have no such limit)."""
+    if POSTGRES is None:
+        pytest.skip("no PostgreSQL: run the tests as scripts/with-postgres pytest")
+    name = f"limited_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(POSTGRES, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f"CREATE ROLE {name} LOGIN CONNECTION LIMIT 2")
+        conn.exec_driver_sql(f"CREATE DATABASE {name} OWNER {name}")
+    try:
+        yield sa.make_url(POSTGRES).set(username=name, database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"DROP DATABASE {name} WITH (FORCE)")
+            conn.exec_driver_sql(f"DROP ROLE {name}")
+        admin.dispose()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
@@ -95,27 +94,6 @@ def test_reading_a_missing_buffer_raises_and_creates_nothing(buffer):
 def test_unreachable_server_is_its_own_error():
     with pytest.raises(walbuf.BufferUnavailableError, match="cannot reach"):
         walbuf.Writer("postgresql+psycopg://walbuf@127.0.0.1:9/walbuf", writer="w")
-
-
-@pytest.fixture
-def limited_database():
-    """A URL of a new database whose role may hold 2 connections at once (superusers have no such limit)."""
-    from conftest import POSTGRES
-
-    if POSTGRES is None:
-        pytest.skip("no PostgreSQL: run the tests as scripts/with-postgres pytest")
-    name = f"limited_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(POSTGRES, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f"CREATE ROLE {name} LOGIN CONNECTION LIMIT 2")
-        conn.exec_driver_sql(f"CREATE DATABASE {name} OWNER {name}")
-    try:
-        yield sa.make_url(POSTGRES).set(username=name, database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f"DROP DATABASE {name} WITH (FORCE)")
-            conn.exec_driver_sql(f"DROP ROLE {name}")
-        admin.dispose()
 
 
 @pytest.mark.backends("postgresql")

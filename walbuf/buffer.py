@@ -82,7 +82,7 @@ class DatabaseBuffer:
 
     def writer_alive(self, run: str, writer: str) -> bool:
         """Whether a process holds ``writer`` of ``run`` open now. Changes nothing."""
-        return self.backend.lock_held(writer_lock_name(run, writer))
+        return self.backend.writer_held(writer_lock_name(run, writer))
 
     def writer_close_note(self, run: str, writer: str) -> int | None:
         """The exit code ``writer`` of ``run`` noted beside its lock as it last closed; None if it did not. Changes nothing."""

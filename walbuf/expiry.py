@@ -54,6 +54,11 @@ def call_at(when: float, action: Callable[[], None]) -> None:
         _changed.notify()
 
 
+def call_after(seconds: float, action: Callable[[], None]) -> None:
+    """:func:`call_at` ``seconds`` from now."""
+    call_at(time.time() + seconds, action)
+
+
 def _run() -> None:
     while True:
         with _changed:

@@ -224,7 +224,9 @@ class Writer:
             segment.release()
             raise
         self._let_go_when_expired(segment)
-        return _Open(os.getpid(), segment, appender, owner, writer, step_axis, prefix, writer_pk, last_step)
+        state = _Open(os.getpid(), segment, appender, owner, writer, step_axis, prefix, writer_pk, last_step)
+        self._renew_later(state)
+        return state
 
     def _register(self, storage: Storage, writer: str, step_axis: str, prefix: str) -> tuple[int, int | None]:
         return storage.register_writer(
@@ -275,6 +277,25 @@ class Writer:
                 _log.warning("writer %r could not let go of its shard cleanly: %s", state.writer, exc)
                 return
             _log.info("writer %r logged nothing for the rotation age: it let go of its shard", state.writer)
+
+    def _renew_later(self, state: _Open) -> None:
+        """Have the expiry thread renew the writer's ownership of its id when due, as long as it stays open."""
+        every = state.owner.renew_every
+        if every is not None:
+            expiry.call_after(every, functools.partial(self._renew, state))
+
+    def _renew(self, state: _Open) -> None:
+        """In the expiry thread: renew the ownership (a PostgreSQL writer's lease), then schedule the next renewal."""
+        with self._lock:
+            if self._closed or self._open is not state or state.pid != os.getpid():
+                return
+            try:
+                state.owner.renew()
+            except (StorageError, WriterConflictError) as exc:
+                # The next log() meets the same fault, where the caller sees it;
+                # a lease that lapses meanwhile lets that log() write nothing.
+                _log.warning("writer %r could not renew its ownership of its id: %s", state.writer, exc)
+            self._renew_later(state)
 
     def _own(self, storage: Storage, appender: Appender, writer: str) -> WriterLock:
         run, wait = self.settings.run, self.settings.wait

@@ -94,7 +94,7 @@ class DirectoryBuffer:
 
     def writer_alive(self, run: str, writer: str) -> bool:
         """Whether a process on any host holds ``writer`` of ``run`` open now (the lock is in locks/). Changes nothing."""
-        return self._hub().lock_held(writer_lock_name(run, writer))
+        return self._hub().writer_held(writer_lock_name(run, writer))
 
     def writer_close_note(self, run: str, writer: str) -> int | None:
         """The exit code ``writer`` of ``run`` noted beside its lock (in locks/) as it last closed; None if it did not. Changes nothing."""

@@ -69,6 +69,18 @@ class WriterLock(Lock, Protocol):
     def note_closed(self, exit_code: int) -> None:
         """Before release: the writer closed with ``exit_code``. Raises OSError."""
 
+    @property
+    def renew_every(self) -> float | None:
+        """Seconds between the calls to renew() the owner must make while it holds the lock; None: no calls needed."""
+
+    def renew(self) -> None:
+        """Keep holding the lock a while longer; the kind may let an idle connection go here.
+
+        Raises StorageError if the buffer could not be reached (the lock may
+        lapse unless a later renew() succeeds), WriterConflictError if
+        another process took the lock after it lapsed.
+        """
+
 
 # Between the short write transactions of housekeeping (prune's batches, its
 # reclaim steps): SQLite's busy handler has a waiting writer retry 1, 3, 8, 18
@@ -139,6 +151,10 @@ class Backend:
     def lock_held(self, name: str) -> bool:
         """Whether some process holds the lock ``name`` now. Changes nothing (a lock never taken is not held)."""
         raise NotImplementedError
+
+    def writer_held(self, name: str) -> bool:
+        """Whether some process holds writer lock ``name`` now. Changes nothing."""
+        return self.lock_held(name)
 
     def writer_lock(self, name: str, appender: Appender) -> WriterLock:
         """The lock that makes a writer the owner of its id, held while its appender lives."""

@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import socket
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -18,6 +20,7 @@ from ..errors import (
     BufferUnavailableError,
     ConfigError,
     StorageError,
+    WriterConflictError,
 )
 from .backend import INSERT_COLUMNS, Access, Appender, Backend, Durability, Lock, WriterLock
 
@@ -37,6 +40,13 @@ _NO_CONNECTION_TO_SPARE = (
     "remaining connection slots are reserved",
 )
 CONNECT_WAIT = 60.0  # seconds a connection waits for the server to have one to spare
+# A writer owns its id by a lease row (see _WriterLease): it lasts LEASE_SECONDS
+# unless renewed, and the writer renews it every RENEW_EVERY seconds. A
+# writer that logged nothing for IDLE_SECONDS lets its connection go at its
+# next renewal, so open writers may outnumber the server's connections.
+LEASE_SECONDS = 60.0
+RENEW_EVERY = 10.0
+IDLE_SECONDS = 10.0
 _CONNECT_POLL_FIRST, _CONNECT_POLL_MAX = 0.05, 1.0  # seconds between attempts, doubling up to the max
 
 _log = logging.getLogger(__name__)
@@ -115,7 +125,7 @@ class PostgresBackend(Backend):
                 if left <= 0:
                     raise BufferUnavailableError(
                         f"{self.location}: the server had no connection to spare for {seconds:g}s ({message});"
-                        " raise its max_connections, put PgBouncer in session mode in front of it,"
+                        " raise its max_connections, put a pooler (PgBouncer) in front of it,"
                         " or run fewer writer processes at once"
                     ) from None
                 if not warned:
@@ -126,6 +136,16 @@ class PostgresBackend(Backend):
                     warned = True
                 time.sleep(min(pause, left))
                 pause = min(pause * 2, _CONNECT_POLL_MAX)
+
+    def session(self, seconds: float = CONNECT_WAIT) -> Any:
+        """A psycopg connection of its own, in autocommit (waiting up to ``seconds`` for one to spare). Raises walbuf errors."""
+        import psycopg
+
+        url = self.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        try:
+            return self.connect_waiting(lambda: psycopg.connect(url, autocommit=True), seconds)
+        except psycopg.Error as exc:
+            raise self.error(exc) from exc
 
     def exists(self) -> bool:
         return True  # connecting tells; a missing database is reported then
@@ -148,9 +168,18 @@ class PostgresBackend(Backend):
         return _PostgresAppender(self, engine)
 
     def writer_lock(self, name: str, appender: Appender) -> WriterLock:
-        # On the appender's own session: one connection per writer, not two.
         assert isinstance(appender, _PostgresAppender)
-        return _WriterAdvisoryLock(self, name, connection=appender.connection)
+        return _WriterLease(self, name, appender)
+
+    def writer_held(self, name: str) -> bool:
+        import psycopg
+
+        try:
+            with self.session() as conn:
+                row = conn.execute(_LEASE_ROW, (name,)).fetchone()
+        except psycopg.Error as exc:
+            raise self.error(exc) from exc
+        return row is not None and not _lapsed(row)
 
     def serialize(self, conn: sa.Connection) -> None:
         # Write transactions read, then write what they read (a new run or
@@ -236,11 +265,7 @@ class _AdvisoryLock:
         import psycopg
 
         if self._connection is None:
-            url = self._backend.url.set(drivername="postgresql").render_as_string(hide_password=False)
-            try:
-                self._connection = self._backend.connect_waiting(lambda: psycopg.connect(url, autocommit=True))
-            except psycopg.Error as exc:
-                raise self._backend.error(exc) from exc
+            self._connection = self._backend.session()
         conn = self._connection
         if timeout <= 0:
             return bool(conn.execute(f"SELECT pg_try_advisory_lock({self._key_sql()})").fetchone()[0])
@@ -266,10 +291,137 @@ class _AdvisoryLock:
             self._connection.execute(f"SELECT pg_advisory_unlock({self._key_sql()})")
 
 
-class _WriterAdvisoryLock(_AdvisoryLock):
-    """A writer's id lock. Its close is noted in the database only: the server
-    that could not take the note (its disk full, say) could not take records
-    either, and there is no file beside the lock that every host reads."""
+_NOW = "extract(epoch FROM clock_timestamp())::float8"  # the server's clock: hosts' clocks may disagree
+_LEASE_ROW = f"SELECT holder, host, boot_id, pid, started, expires_at < {_NOW} FROM writer_leases WHERE name = %s"
+
+
+def _boot_id() -> str:
+    """This host's boot id ('' where the kernel gives none): a pid names one process only within one boot."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as file:
+            return file.read().strip()
+    except OSError:
+        return ""
+
+
+def _started(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot); None if there is no such process (or no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            stat = file.read()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: count from its end.
+    return stat[stat.rindex(b")") + 2 :].split()[19].decode()
+
+
+def _lapsed(row: Any) -> bool:
+    """Whether the lease ``row`` (_LEASE_ROW's columns) no longer holds: expired, or its holder died on this host."""
+    _holder, host, boot_id, pid, started, expired = row
+    if expired:
+        return True
+    # A holder on this host is looked at directly, so a writer killed here
+    # is seen dead at once rather than when its lease runs out.
+    return host == socket.gethostname() and boot_id == _boot_id() != "" and _started(pid) != started
+
+
+class _WriterLease:
+    """A writer's id, owned by a row of writer_leases rather than by a session.
+
+    Ownership then survives the writer letting its connection go while idle,
+    and a pooler that hands a session's transactions to different server
+    connections (PgBouncer in transaction mode). The lease lasts
+    LEASE_SECONDS unless renewed; the writer renews it every RENEW_EVERY
+    seconds (walbuf.writer, in the expiry thread). A holder that died on the
+    same host is seen dead at once (pid, its start time, the boot id); one
+    on another host when its lease runs out. Every record the writer appends
+    is inserted only while it still holds the lease (_PostgresAppender), so
+    a writer whose lease lapsed and was taken over writes nothing more.
+
+    Its close is noted in the database only: the server that could not take
+    the note (its disk full, say) could not take records either, and there
+    is no file beside the lease that every host reads.
+    """
+
+    @property
+    def renew_every(self) -> float | None:
+        return RENEW_EVERY
+
+    def __init__(self, backend: PostgresBackend, name: str, appender: _PostgresAppender) -> None:
+        self._backend = backend
+        self._name = name
+        self._appender = appender
+        self._holder = uuid.uuid4().hex
+
+    def acquire(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        pause = _CONNECT_POLL_FIRST
+        while not self._take():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(pause, left))  # waiting for another process to close: polled
+            pause = min(pause * 2, _CONNECT_POLL_MAX)
+        self._appender.owned_by(self._name, self._holder)
+        return True
+
+    def _take(self) -> bool:
+        """Take the lease if nobody holds it; whether this writer holds it now."""
+        me = (self._holder, socket.gethostname(), _boot_id(), os.getpid(), _started(os.getpid()) or "")
+        set_lease = f"holder = %s, host = %s, boot_id = %s, pid = %s, started = %s, expires_at = {_NOW} + {LEASE_SECONDS}"
+
+        def take(conn: Any) -> bool:
+            with conn.transaction():
+                row = conn.execute(_LEASE_ROW + " FOR UPDATE", (self._name,)).fetchone()
+                if row is None:
+                    inserted = conn.execute(
+                        "INSERT INTO writer_leases (holder, host, boot_id, pid, started, expires_at, name)"
+                        f" VALUES (%s, %s, %s, %s, %s, {_NOW} + {LEASE_SECONDS}, %s) ON CONFLICT (name) DO NOTHING",
+                        (*me, self._name),
+                    )
+                    return bool(inserted.rowcount)
+                if not _lapsed(row):
+                    return False
+                conn.execute(f"UPDATE writer_leases SET {set_lease} WHERE name = %s", (*me, self._name))
+                return True
+
+        return bool(self._appender.run_briefly(take))
+
+    def renew(self) -> None:
+        def renew(conn: Any) -> int:
+            return int(
+                conn.execute(
+                    f"UPDATE writer_leases SET expires_at = {_NOW} + {LEASE_SECONDS} WHERE name = %s AND holder = %s",
+                    (self._name, self._holder),
+                ).rowcount
+            )
+
+        # An idle writer does not wait for the server to have a connection to
+        # spare: a lease that runs out stays this writer's until another
+        # process takes the id, and there are several renewals to a lease.
+        try:
+            renewed = self._appender.run_briefly(renew, wait=0)
+        except BufferUnavailableError as exc:
+            _log.info("could not renew a writer's lease, left for the next renewal: %s", exc)
+            return
+        if not renewed:
+            raise WriterConflictError(
+                f"{self._backend.location}: this writer's lease on its id ran out and another process took"
+                " the id over; this writer writes nothing more"
+            )
+        self._appender.let_go_if_idle(IDLE_SECONDS)
+
+    def release(self) -> None:
+        def release(conn: Any) -> None:
+            conn.execute("DELETE FROM writer_leases WHERE name = %s AND holder = %s", (self._name, self._holder))
+
+        try:
+            self._appender.run_briefly(release)
+        except StorageError as exc:
+            # Every record is committed; the lease runs out by itself.
+            _log.warning("could not give up a writer's lease (it runs out within %gs): %s", LEASE_SECONDS, exc)
+        finally:
+            self._appender.close()
 
     def note_open(self) -> None:
         pass
@@ -279,45 +431,102 @@ class _WriterAdvisoryLock(_AdvisoryLock):
 
 
 class _PostgresAppender:
+    """A writer's connection, opened when needed and let go while idle (see _WriterLease)."""
+
     def __init__(self, backend: PostgresBackend, engine: sa.Engine) -> None:
         self._backend = backend
-        self._proxy = engine.raw_connection()
-        connection = self._proxy.driver_connection  # a psycopg.Connection
-        assert connection is not None
-        self.connection: Any = connection
-        self.connection.autocommit = True  # one INSERT, one commit
+        self._engine = engine
+        self._proxy: Any = None  # the pooled connection's proxy, while open
+        self._connection: Any = None
+        self._last_append = time.monotonic()
         self._sql = f"INSERT INTO records {INSERT_COLUMNS} VALUES (%s, %s, %s, %s)"
+        self._lease: tuple[str, str] | None = None
+
+    def owned_by(self, lease: str, holder: str) -> None:
+        """From now on, insert a record only while ``holder`` holds the writer lease ``lease``."""
+        self._sql = (
+            f"INSERT INTO records {INSERT_COLUMNS} SELECT %s, %s, %s, %s"
+            " WHERE EXISTS (SELECT 1 FROM writer_leases WHERE name = %s AND holder = %s)"
+        )
+        self._lease = (lease, holder)
+
+    @property
+    def connection(self) -> Any:
+        """The psycopg connection, opened (waiting for the server to have one to spare) if let go."""
+        if self._connection is None:
+            try:
+                self._proxy = self._engine.raw_connection()
+            except sa.exc.DBAPIError as exc:
+                raise self._backend.error(exc.orig) from exc
+            self._connection = self._proxy.driver_connection
+            self._connection.autocommit = True  # one INSERT, one commit
+        return self._connection
+
+    def run(self, work: Callable[[Any], _T]) -> _T:
+        """``work(connection)`` on the writer's connection (opened if let go), its driver errors as walbuf's."""
+        import psycopg
+
+        try:
+            return work(self.connection)
+        except psycopg.Error as exc:
+            raise self._backend.error(exc) from exc
+
+    def run_briefly(self, work: Callable[[Any], _T], wait: float = CONNECT_WAIT) -> _T:
+        """``work(connection)`` on the writer's connection if open, else on one of its own, closed after.
+
+        So a writer holds one connection at a time: it opens on one and
+        registers on another, and an idle one renews its lease on a
+        connection it gives back at once. ``wait``: seconds to wait for the
+        server to have a connection to spare.
+        """
+        import psycopg
+
+        if self._connection is not None:
+            return self.run(work)
+        try:
+            with self._backend.session(wait) as conn:
+                return work(conn)
+        except psycopg.Error as exc:
+            raise self._backend.error(exc) from exc
 
     def append(self, params: tuple[int, int, float, str]) -> None:
-        import psycopg
-
-        try:
-            self.connection.execute(self._sql, params, prepare=True)
-        except psycopg.Error as exc:
-            raise self._backend.error(exc) from exc
+        self._last_append = time.monotonic()
+        inserted = self.run(lambda conn: conn.execute(self._sql, params + (self._lease or ()), prepare=True).rowcount)
+        if self._lease is not None and not inserted:
+            raise WriterConflictError(
+                f"{self._backend.location}: this writer's lease on its id ran out and another process took"
+                " the id over (nothing was written); open the writer again once the other one closed"
+            )
 
     def flush(self, writer_pk: int) -> None:
-        import psycopg
-
         # A commit that waits for the WAL flush covers every commit before it;
         # it must write something, or PostgreSQL commits it without waiting.
-        try:
-            with self.connection.transaction():
-                self.connection.execute("SET LOCAL synchronous_commit TO on")
-                self.connection.execute("UPDATE writers SET pid = pid WHERE id = %s", (writer_pk,))
-        except psycopg.Error as exc:
-            raise self._backend.error(exc) from exc
+        def flush(conn: Any) -> None:
+            with conn.transaction():
+                conn.execute("SET LOCAL synchronous_commit TO on")
+                conn.execute("UPDATE writers SET pid = pid WHERE id = %s", (writer_pk,))
+
+        self.run(flush)
+
+    def let_go_if_idle(self, seconds: float) -> None:
+        """Close the connection if nothing was appended for ``seconds``; the next use opens another."""
+        if time.monotonic() - self._last_append >= seconds:
+            self.close()
 
     def abandon(self) -> None:
         # Closing (or garbage-collecting) a libpq connection sends a Terminate
         # message down its socket, which the child shares with the parent:
         # the parent's session would end. Point the child's descriptor at
         # /dev/null first; the parent's own descriptor is untouched.
+        if self._connection is None:
+            return
         devnull = os.open(os.devnull, os.O_RDWR)
         try:
-            os.dup2(devnull, self.connection.fileno())
+            os.dup2(devnull, self._connection.fileno())
         finally:
             os.close(devnull)
 
     def close(self) -> None:
-        self._proxy.close()
+        proxy, self._proxy, self._connection = self._proxy, None, None
+        if proxy is not None:
+            proxy.close()

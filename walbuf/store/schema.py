@@ -16,7 +16,7 @@ from ..errors import NotABufferError, SchemaTooNewError
 
 # Every revision in migrations/versions, oldest first. The newest is the schema
 # this code reads and writes; tests check this list against Alembic's own.
-KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009")
+KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010")
 HEAD_REVISION = KNOWN_REVISIONS[-1]
 
 # Record ids are sync cursors. 64-bit in PostgreSQL; in SQLite the column
@@ -177,6 +177,25 @@ quarantine = sa.Table(
     sa.Column("record_id", RecordId, sa.ForeignKey("records.id"), primary_key=True),
     sa.Column("reason", sa.Text, nullable=False),
     sa.Column("time", sa.Float, nullable=False),
+)
+
+
+# Which process owns a writer id of a PostgreSQL buffer (revision 0010; see
+# walbuf.store.postgresql): the row's holder, until expires_at (the
+# server's clock, epoch seconds) unless renewed. host, boot_id, pid and
+# started (the process's start time in clock ticks since boot) let a process
+# on the same host see at once that the holder died. SQLite buffers leave it
+# empty: their writers own ids through lock files.
+writer_leases = sa.Table(
+    "writer_leases",
+    metadata,
+    sa.Column("name", sa.Text, primary_key=True),
+    sa.Column("holder", sa.Text, nullable=False),
+    sa.Column("host", sa.Text, nullable=False),
+    sa.Column("boot_id", sa.Text, nullable=False),
+    sa.Column("pid", sa.Integer, nullable=False),
+    sa.Column("started", sa.Text, nullable=False),
+    sa.Column("expires_at", sa.Float, nullable=False),
 )
 
 

@@ -369,6 +369,11 @@ class _WriterFileLock(_FileLock):
     def note_closed(self, exit_code: int) -> None:
         self.note(f"closed {exit_code}")
 
+    renew_every: float | None = None  # the kernel releases a flock when its holder dies
+
+    def renew(self) -> None:
+        pass
+
 
 def _close_note(text: str | None) -> int | None:
     """The exit code in a writer lock's note "closed N"; None for any other note."""
