@@ -331,3 +331,20 @@ def limited_database():
             conn.exec_driver_sql(f"DROP DATABASE {name} WITH (FORCE)")
             conn.exec_driver_sql(f"DROP ROLE {name}")
         admin.dispose()
+
+
+def wandb_cores(pid: int) -> set[int]:
+    """The wandb-core processes that process ``pid`` started (their pids)."""
+    found = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            children = (task / "children").read_text().split()
+        except FileNotFoundError:  # a thread that ended meanwhile
+            continue
+        for child in children:
+            try:
+                if b"wandb-core" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    found.add(int(child))
+            except FileNotFoundError:  # a child that ended meanwhile
+                continue
+    return found

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_sync
+from conftest import run_sync, wandb_cores
 
 pytestmark = [pytest.mark.backends("sqlite"), pytest.mark.slow]
 
@@ -136,23 +136,6 @@ def test_follow_takes_no_bounds_or_offline_mode(server, buffer):
 
 
 
-def wandb_cores():
-    """The wandb-core processes this process started (their pids)."""
-    found = set()
-    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
-        try:
-            children = (task / "children").read_text().split()
-        except FileNotFoundError:  # a thread that ended meanwhile
-            continue
-        for child in children:
-            try:
-                if b"wandb-core" in Path(f"/proc/{child}/cmdline").read_bytes():
-                    found.add(int(child))
-            except FileNotFoundError:
-                continue
-    return found
-
-
 def test_a_follow_restarts_wandbs_service_after_every_renew_every_uploads(in_process, buffer):
     # wandb-core keeps memory for each run it served: a follow of days must not keep one wandb-core.
     import walbuf
@@ -162,7 +145,7 @@ def test_a_follow_restarts_wandbs_service_after_every_renew_every_uploads(in_pro
     cores = []
 
     def on_pass(done):
-        cores.append(wandb_cores())
+        cores.append(wandb_cores(os.getpid()))
         if len(cores) < 4:
             log(writer, len(cores))  # one more record: the next pass uploads again
         elif not writer.stdin.closed:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import walbuf
-from conftest import rows_of, run_sql, run_sync
+from conftest import rows_of, run_sql, run_sync, wandb_cores
 
 pytestmark = [pytest.mark.backends("sqlite", "postgresql"), pytest.mark.slow]
 
@@ -361,16 +361,6 @@ def test_a_wandb_core_that_exits_at_start_exits_75(server, buffer, tmp_path):
     assert status(buffer)["pending"] == 1
 
 
-def children(pid):
-    found = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            found += [int(child) for child in (task / "children").read_text().split()]
-        except FileNotFoundError:  # a thread that ended meanwhile
-            continue
-    return found
-
-
 @pytest.mark.backends("sqlite")
 def test_wandb_core_killed_mid_sync_exits_75_in_one_line_and_the_next_sync_delivers_every_record(server, buffer):
     log_steps(buffer, range(50))
@@ -380,7 +370,7 @@ def test_wandb_core_killed_mid_sync_exits_75_in_one_line_and_the_next_sync_deliv
         stderr=subprocess.PIPE, text=True, env={**os.environ, **server.env()},
     )
     server.wait_for_rows(1, timeout=60)
-    (core,) = [pid for pid in children(syncer.pid) if b"wandb-core" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    (core,) = wandb_cores(syncer.pid)
     os.kill(core, signal.SIGKILL)
     server.release_uploads()
     _, stderr = syncer.communicate(timeout=120)
@@ -400,7 +390,7 @@ def test_max_seconds_bounds_the_process_when_wandb_core_stops_answering(server, 
         stderr=subprocess.PIPE, text=True, env={**os.environ, **server.env()},
     )
     server.wait_for_rows(1, timeout=60)
-    (core,) = [pid for pid in children(syncer.pid) if b"wandb-core" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    (core,) = wandb_cores(syncer.pid)
     os.kill(core, signal.SIGSTOP)  # frozen: wandb's finish, and its teardown at exit, wait for it
     server.release_uploads()
     _, stderr = syncer.communicate(timeout=120)

@@ -217,13 +217,17 @@ class SQLiteBackend(Backend):
             owner.folder(self.locks, make=True, private=True)
         except OSError as exc:
             raise self._os_error(exc) from exc
-        return self.locks / f"{name}.lock", owner
+        return self._lock_path(name), owner
+
+    def _lock_path(self, name: str) -> Path:
+        """Where lock ``name`` is: a file of its own in the locks folder."""
+        return self.locks / f"{name}.lock"
 
     def lock_held(self, name: str) -> bool:
         owner = self._owner(write=False)
         if not owner.folder(self.locks):
             return False
-        return held(self.locks / f"{name}.lock", owner)
+        return held(self._lock_path(name), owner)
 
     def writer_lock(self, name: str, appender: Appender) -> _WriterFileLock:
         return _WriterFileLock(self, *self._lock_file(name))
@@ -232,7 +236,7 @@ class SQLiteBackend(Backend):
         owner = self._owner(write=False)
         if not owner.folder(self.locks):
             return None
-        return _close_note(read_note(self.locks / f"{name}.lock", owner))
+        return _close_note(read_note(self._lock_path(name), owner))
 
     def _os_error(self, exc: OSError) -> Exception:
         if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
