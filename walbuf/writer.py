@@ -285,17 +285,21 @@ class Writer:
             expiry.call_after(every, functools.partial(self._renew, state))
 
     def _renew(self, state: _Open) -> None:
-        """In the expiry thread: renew the ownership (a PostgreSQL writer's lease), then schedule the next renewal."""
-        with self._lock:
-            if self._closed or self._open is not state or state.pid != os.getpid():
-                return
-            try:
-                state.owner.renew()
-            except (StorageError, WriterConflictError) as exc:
-                # The next log() meets the same fault, where the caller sees it;
-                # a lease that lapses meanwhile lets that log() write nothing.
-                _log.warning("writer %r could not renew its ownership of its id: %s", state.writer, exc)
-            self._renew_later(state)
+        """In the expiry thread: renew the ownership (a PostgreSQL writer's lease), then schedule the next renewal.
+
+        Without the writer's lock, which a log() waiting for the buffer may
+        hold for long: the expiry thread serves every writer of the process
+        (the owner's renew() waits for nothing and is safe beside a log()).
+        """
+        if self._closed or self._open is not state or state.pid != os.getpid():
+            return
+        try:
+            state.owner.renew()
+        except (StorageError, WriterConflictError) as exc:
+            # The next log() meets the same fault, where the caller sees it;
+            # a lease that lapses meanwhile lets that log() write nothing.
+            _log.warning("writer %r could not renew its ownership of its id: %s", state.writer, exc)
+        self._renew_later(state)
 
     def _own(self, storage: Storage, appender: Appender, writer: str) -> WriterLock:
         run, wait = self.settings.run, self.settings.wait

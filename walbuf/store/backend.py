@@ -76,6 +76,10 @@ class WriterLock(Lock, Protocol):
     def renew(self) -> None:
         """Keep holding the lock a while longer; the kind may let an idle connection go here.
 
+        Called from another thread than the writer's, while it may be
+        logging; waits for nothing (a renewal that cannot be made at once is
+        left for the next).
+
         Raises StorageError if the buffer could not be reached (the lock may
         lapse unless a later renew() succeeds), WriterConflictError if
         another process took the lock after it lapsed.

@@ -6,6 +6,7 @@ import hashlib
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -388,6 +389,13 @@ class _WriterLease:
         return bool(self._appender.run_briefly(take))
 
     def renew(self) -> None:
+        # Called from the expiry thread while the writer may be logging:
+        # nothing here waits, neither for the writer (a log() waiting for a
+        # connection would hold the expiry thread, and with it the idle
+        # writers that would let theirs go) nor for the server to have a
+        # connection to spare. A lease that runs out meanwhile stays this
+        # writer's until another process takes the id, and a lease lasts
+        # several renewals.
         def renew(conn: Any) -> int:
             return int(
                 conn.execute(
@@ -396,27 +404,23 @@ class _WriterLease:
                 ).rowcount
             )
 
-        # An idle writer does not wait for the server to have a connection to
-        # spare: a lease that runs out stays this writer's until another
-        # process takes the id, and there are several renewals to a lease.
         try:
-            renewed = self._appender.run_briefly(renew, wait=0)
+            renewed = self._appender.run_beside(renew, idle=IDLE_SECONDS)
         except BufferUnavailableError as exc:
             _log.info("could not renew a writer's lease, left for the next renewal: %s", exc)
             return
-        if not renewed:
+        if renewed is not None and not renewed:
             raise WriterConflictError(
                 f"{self._backend.location}: this writer's lease on its id ran out and another process took"
                 " the id over; this writer writes nothing more"
             )
-        self._appender.let_go_if_idle(IDLE_SECONDS)
 
     def release(self) -> None:
         def release(conn: Any) -> None:
             conn.execute("DELETE FROM writer_leases WHERE name = %s AND holder = %s", (self._name, self._holder))
 
         try:
-            self._appender.run_briefly(release)
+            self._appender.run_briefly(release, last=True)
         except StorageError as exc:
             # Every record is committed; the lease runs out by itself.
             _log.warning("could not give up a writer's lease (it runs out within %gs): %s", LEASE_SECONDS, exc)
@@ -441,6 +445,11 @@ class _PostgresAppender:
         self._last_append = time.monotonic()
         self._sql = f"INSERT INTO records {INSERT_COLUMNS} VALUES (%s, %s, %s, %s)"
         self._lease: tuple[str, str] | None = None
+        # The writer uses the appender under its own lock; the lease's renewal
+        # (run_beside) comes from the expiry thread, and takes this one only
+        # if it is free.
+        self._lock = threading.RLock()
+        self._done = False  # the lease was given up: renewals change nothing
 
     def owned_by(self, lease: str, holder: str) -> None:
         """From now on, insert a record only while ``holder`` holds the writer lease ``lease``."""
@@ -452,7 +461,7 @@ class _PostgresAppender:
 
     @property
     def connection(self) -> Any:
-        """The psycopg connection, opened (waiting for the server to have one to spare) if let go."""
+        """The psycopg connection, opened (waiting for the server to have one to spare) if let go. Under _lock."""
         if self._connection is None:
             try:
                 self._proxy = self._engine.raw_connection()
@@ -466,12 +475,13 @@ class _PostgresAppender:
         """``work(connection)`` on the writer's connection (opened if let go), its driver errors as walbuf's."""
         import psycopg
 
-        try:
-            return work(self.connection)
-        except psycopg.Error as exc:
-            raise self._backend.error(exc) from exc
+        with self._lock:
+            try:
+                return work(self.connection)
+            except psycopg.Error as exc:
+                raise self._backend.error(exc) from exc
 
-    def run_briefly(self, work: Callable[[Any], _T], wait: float = CONNECT_WAIT) -> _T:
+    def run_briefly(self, work: Callable[[Any], _T], wait: float = CONNECT_WAIT, *, last: bool = False) -> _T:
         """``work(connection)`` on the writer's connection if open, else on one of its own, closed after.
 
         So a writer holds one connection at a time: it opens on one and
@@ -479,10 +489,35 @@ class _PostgresAppender:
         connection it gives back at once. ``wait``: seconds to wait for the
         server to have a connection to spare.
         """
+        with self._lock:
+            self._done = self._done or last
+            if self._connection is not None:
+                return self.run(work)
+            return self._on_session(work, wait)
+
+    def run_beside(self, work: Callable[[Any], _T], *, idle: float) -> _T | None:
+        """From another thread, without waiting for anything: ``work(connection)``; None if the lease was given up.
+
+        On the writer's connection if it is open and nobody uses it (then
+        closed if nothing was appended for ``idle`` seconds), else on a
+        connection of its own if the server has one to spare at once
+        (BufferUnavailableError if not).
+        """
+        if not self._lock.acquire(blocking=False):  # the writer is using it, or waiting for one
+            return None if self._done else self._on_session(work, 0)
+        try:
+            if self._done:
+                return None
+            result = self.run_briefly(work, 0)
+            if time.monotonic() - self._last_append >= idle:
+                self.close()
+            return result
+        finally:
+            self._lock.release()
+
+    def _on_session(self, work: Callable[[Any], _T], wait: float) -> _T:
         import psycopg
 
-        if self._connection is not None:
-            return self.run(work)
         try:
             with self._backend.session(wait) as conn:
                 return work(conn)
@@ -508,11 +543,6 @@ class _PostgresAppender:
 
         self.run(flush)
 
-    def let_go_if_idle(self, seconds: float) -> None:
-        """Close the connection if nothing was appended for ``seconds``; the next use opens another."""
-        if time.monotonic() - self._last_append >= seconds:
-            self.close()
-
     def abandon(self) -> None:
         # Closing (or garbage-collecting) a libpq connection sends a Terminate
         # message down its socket, which the child shares with the parent:
@@ -527,6 +557,7 @@ class _PostgresAppender:
             os.close(devnull)
 
     def close(self) -> None:
-        proxy, self._proxy, self._connection = self._proxy, None, None
-        if proxy is not None:
-            proxy.close()
+        with self._lock:
+            proxy, self._proxy, self._connection = self._proxy, None, None
+            if proxy is not None:
+                proxy.close()
