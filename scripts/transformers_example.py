@@ -91,6 +91,11 @@ def main() -> None:
         )
         trainer.train()
     callback.close()
+    if torch.distributed.is_initialized():
+        # Before the interpreter ends: a process group left to exit with it
+        # can make the C++ runtime abort ("terminate called without an
+        # active exception", seen once in CI under torchrun).
+        torch.distributed.destroy_process_group()
     line = json.dumps({"process": f"rank-{os.environ.get('RANK', '0')}", "wandb_imported": "wandb" in sys.modules})
     sys.stdout.flush()
     os.write(sys.stdout.fileno(), (line + "\n").encode())  # one write: the processes share stdout
