@@ -252,11 +252,10 @@ class _AdvisoryLock:
     its socket, and the server ends the session.
     """
 
-    def __init__(self, backend: PostgresBackend, name: str, connection: Any = None) -> None:
+    def __init__(self, backend: PostgresBackend, name: str) -> None:
         self._backend = backend
         self._keys = _pg_lock_keys(name)
-        self._connection = connection
-        self._own_connection = connection is None
+        self._connection: Any = None
 
     def _key_sql(self) -> str:
         # Locks are per database; the schema tells buffers in one database apart.
@@ -285,11 +284,8 @@ class _AdvisoryLock:
     def release(self) -> None:
         if self._connection is None:
             return
-        if self._own_connection:
-            self._connection.close()  # ends the session, and with it the lock
-            self._connection = None
-        elif not self._connection.closed:
-            self._connection.execute(f"SELECT pg_advisory_unlock({self._key_sql()})")
+        self._connection.close()  # ends the session, and with it the lock
+        self._connection = None
 
 
 _NOW = "extract(epoch FROM clock_timestamp())::float8"  # the server's clock: hosts' clocks may disagree
@@ -324,6 +320,13 @@ def _lapsed(row: Any) -> bool:
     # A holder on this host is looked at directly, so a writer killed here
     # is seen dead at once rather than when its lease runs out.
     return host == socket.gethostname() and boot_id == _boot_id() != "" and _started(pid) != started
+
+
+def _taken_over(backend: PostgresBackend, then: str) -> WriterConflictError:
+    """The error of a writer whose lease on its id ran out and was taken by another process."""
+    return WriterConflictError(
+        f"{backend.location}: this writer's lease on its id ran out and another process took the id over; {then}"
+    )
 
 
 class _WriterLease:
@@ -410,10 +413,7 @@ class _WriterLease:
             _log.info("could not renew a writer's lease, left for the next renewal: %s", exc)
             return
         if renewed is not None and not renewed:
-            raise WriterConflictError(
-                f"{self._backend.location}: this writer's lease on its id ran out and another process took"
-                " the id over; this writer writes nothing more"
-            )
+            raise _taken_over(self._backend, "this writer writes nothing more")
 
     def release(self) -> None:
         def release(conn: Any) -> None:
@@ -528,10 +528,7 @@ class _PostgresAppender:
         self._last_append = time.monotonic()
         inserted = self.run(lambda conn: conn.execute(self._sql, params + (self._lease or ()), prepare=True).rowcount)
         if self._lease is not None and not inserted:
-            raise WriterConflictError(
-                f"{self._backend.location}: this writer's lease on its id ran out and another process took"
-                " the id over (nothing was written); open the writer again once the other one closed"
-            )
+            raise _taken_over(self._backend, "nothing was written; open the writer again once the other one closed")
 
     def flush(self, writer_pk: int) -> None:
         # A commit that waits for the WAL flush covers every commit before it;
