@@ -12,6 +12,12 @@ sets them) side by side, in alternating rounds:
 Printed per case and contender: records/s together (saturating), and the
 per-call durations over all rounds: p50, p99, p99.9, max.
 
+A third contender, "no lock", shares nothing: each call runs a loop whose
+iterations take as long as one uncontended walbuf log() on this machine
+(calibrated first). Its tail is what the scheduler alone adds when more
+processes run than there are cores: no lock, however fair, makes a call
+wait less than that.
+
     python scripts/bench_contention.py [--processes 16] [--per-process 3000] [--ranks 8] [--steps 500] [--rounds 3]
 """
 
@@ -44,8 +50,16 @@ def _bare_buffer(path: str) -> None:
     conn.close()
 
 
+def _spin(iterations: int) -> None:
+    for _ in range(iterations):
+        pass
+
+
 def _logger(kind: str, path: str, index: int) -> Any:
-    """A function that logs one record (walbuf's log(), or the bare INSERT)."""
+    """A function that logs one record (walbuf's log(), or the bare INSERT), or the "no lock" loop."""
+    if kind == "no lock":
+        iterations = int(path)
+        return lambda: _spin(iterations)
     if kind == "walbuf":
         writer = walbuf.Writer(path, writer=f"proc-{index}", run="bench")
         return lambda: writer.log(METRICS)
@@ -79,7 +93,28 @@ def _ddp(kind: str, path: str, index: int, steps: int, barrier: Any, out: Any) -
     out.put(durations)
 
 
+def calibrate(directory: Path) -> int:
+    """Loop iterations that take as long as one uncontended walbuf log() (medians, one process)."""
+    calls = []
+    with walbuf.Writer(_prepare("walbuf", directory), writer="calibration", run="bench") as writer:
+        for _ in range(3000):
+            start = time.perf_counter()
+            writer.log(METRICS)
+            calls.append(time.perf_counter() - start)
+    loops = []
+    for _ in range(300):
+        start = time.perf_counter()
+        _spin(10_000)
+        loops.append(time.perf_counter() - start)
+    return max(1, int(10_000 * sorted(calls)[len(calls) // 2] / sorted(loops)[len(loops) // 2]))
+
+
+LOOP = ""  # "no lock"'s iterations, as its "path" (set in main)
+
+
 def _prepare(kind: str, directory: Path) -> str:
+    if kind == "no lock":
+        return LOOP
     path = str(directory / f"{kind}-{uuid.uuid4().hex}.db")
     if kind == "walbuf":
         walbuf.Writer(path, writer="setup", run="bench").close()  # the schema, before the clock
@@ -136,11 +171,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    kinds = ("walbuf", "bare sqlite3")
+    global LOOP
+    kinds = ("walbuf", "bare sqlite3", "no lock")
     rates: dict[str, list[float]] = {k: [] for k in kinds}
     saturated: dict[str, list[float]] = {k: [] for k in kinds}
     ddp: dict[str, list[float]] = {k: [] for k in kinds}
     with tempfile.TemporaryDirectory() as tmp:
+        LOOP = str(calibrate(Path(tmp)))
         for r in range(args.rounds):
             for kind in kinds if r % 2 == 0 else kinds[::-1]:
                 rate, durations = saturating_round(kind, Path(tmp), args.processes, args.per_process)
