@@ -6,6 +6,7 @@ import grp
 import logging
 import math
 import os
+import socket
 import pwd
 import shutil
 import subprocess
@@ -348,3 +349,11 @@ def wandb_cores(pid: int) -> set[int]:
             except FileNotFoundError:  # a child that ended meanwhile
                 continue
     return found
+
+
+@pytest.fixture
+def unused_port():
+    """A TCP port on 127.0.0.1 that refuses connections: bound for the test, never listened on (so nothing else takes it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]

@@ -101,6 +101,31 @@ def test_walbuf_cron_logs_what_a_retry_fixes_and_exits_0(tmp_path):
     assert proc.stdout.count("\n") == 1 and "exit 11, will retry: another walbuf sync" in proc.stdout
 
 
+@pytest.mark.slow
+def test_walbuf_cron_logs_w_and_b_down_as_will_retry_and_exits_0(server, tmp_path):
+    with walbuf.Writer(tmp_path / "b.db", writer="w") as w:
+        w.log({"i": 0})
+    server.go_down()
+    proc = walbuf_cron(tmp_path / "b.db", {"HOME": str(tmp_path), **server.env()})
+    assert proc.returncode == 0, proc.stdout
+    assert proc.stdout.count("\n") == 1 and "exit 75, will retry" in proc.stdout
+
+
+def test_walbuf_cron_logs_an_unreachable_postgresql_server_as_will_retry_and_exits_0(tmp_path, unused_port):
+    proc = walbuf_cron(f"postgresql+psycopg://walbuf@127.0.0.1:{unused_port}/walbuf", {"HOME": str(tmp_path)})
+    assert proc.returncode == 0, proc.stdout
+    assert proc.stdout.count("\n") == 1 and "exit 69, will retry" in proc.stdout
+
+
+def test_an_error_quoting_a_message_of_several_lines_is_one_line(tmp_path, unused_port):
+    proc = subprocess.run(
+        [sys.executable, "-m", "walbuf", "status", f"postgresql+psycopg://walbuf@127.0.0.1:{unused_port}/walbuf"],
+        capture_output=True, text=True,
+    )
+    assert proc.returncode == 69
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("walbuf: error: cannot reach"), proc.stderr
+
+
 def test_walbuf_cron_keeps_the_code_of_what_needs_a_person(tmp_path):
     proc = walbuf_cron(tmp_path / "nope.db", {"HOME": str(tmp_path)})
     assert proc.returncode == 66

@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import signal
 import sys
@@ -64,13 +65,18 @@ def _on_sigterm(signum: int, frame: object) -> None:
     raise _Terminated("SIGTERM")
 
 
+def _one_line(exc: WalbufError) -> str:
+    """An error's message on one line: what it quotes (a server's answer, say) may span several."""
+    return re.sub(r"\s*\n\s*", " ", str(exc).strip())
+
+
 @contextmanager
 def _errors() -> Iterator[None]:
     """Turn walbuf's errors into one line on stderr and a documented exit code; Ctrl-C and SIGTERM too."""
     try:
         yield
     except WalbufError as exc:
-        click.echo(f"walbuf: error: {exc}", err=True)
+        click.echo(f"walbuf: error: {_one_line(exc)}", err=True)
         sys.exit(exitcodes.for_error(exc).code)
     except KeyboardInterrupt as exc:
         code = exitcodes.SIGTERM if isinstance(exc, _Terminated) else exitcodes.SIGINT
@@ -464,7 +470,7 @@ def cron(**options: Any) -> None:
     except WalbufError as exc:
         code = exitcodes.for_error(exc)
         then = "will retry" if code.retry else "needs a person"
-        click.echo(f"{stamp} walbuf sync {buffer}: exit {code.code}, {then}: {exc}")
+        click.echo(f"{stamp} walbuf sync {buffer}: exit {code.code}, {then}: {_one_line(exc)}")
         sys.exit(0 if code.retry else code.code)
     except KeyboardInterrupt as exc:
         code = exitcodes.SIGTERM if isinstance(exc, _Terminated) else exitcodes.SIGINT
