@@ -99,7 +99,8 @@ def test_reading_an_empty_directory_says_there_is_no_buffer(tmp_path):
     assert list((tmp_path / "empty").iterdir()) == []
 
 
-def test_a_buffer_of_an_older_schema_is_read_only_after_a_write_upgrades_it(tmp_path):
+@pytest.mark.parametrize("command", [["status"], ["sync", "--dry-run"], ["records"]])
+def test_a_buffer_of_an_older_schema_is_read_only_after_a_write_upgrades_it(tmp_path, command):
     buffer = tmp_path / "old.db"
     engine_url = f"sqlite:///{buffer}"
     import sqlalchemy as sa
@@ -109,12 +110,12 @@ def test_a_buffer_of_an_older_schema_is_read_only_after_a_write_upgrades_it(tmp_
         schema.upgrade(conn, schema.KNOWN_REVISIONS[0])
     engine.dispose()
     before = snapshot(tmp_path)
-    proc = walbuf_command("status", str(buffer))
+    proc = walbuf_command(*command, str(buffer))
     assert proc.returncode == 65 and "write it once to upgrade it" in proc.stderr
     assert snapshot(tmp_path) == before
     with walbuf.Writer(buffer, writer="w"):
         pass  # writing upgrades it
-    assert walbuf_command("status", str(buffer)).returncode == 0
+    assert walbuf_command(*command, str(buffer)).returncode == 0
 
 
 def test_a_writer_refuses_another_applications_database_and_changes_nothing(tmp_path):
