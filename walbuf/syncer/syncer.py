@@ -47,7 +47,8 @@ from .budget import Budget, OutOfTime
 from .finish import outcome
 from .plan import plan, runs_to_sync
 from .results import SYNC_MODES, RunSync, SyncMode, SyncResult
-from .upload import upload
+from .upload import OpenRun, upload
+from .wandb_run import WandbRun
 
 _log = logging.getLogger(__name__)
 
@@ -138,14 +139,16 @@ def sync_pass(
     check: bool = True,
     more_soon: bool = False,
     missing_ok: bool = False,
+    open_run: OpenRun = WandbRun,
 ) -> SyncResult:
     """One sync of ``run`` (or every run) under the sync lock the caller holds: take in, then upload and finish each run.
 
     ``check``: check the database whole for damage first. ``more_soon``: the
     caller syncs again soon (walbuf.follow), so a run whose job goes on is
     left running, not marked preempting. ``missing_ok``: a ``run`` no writer
-    has made yet is nothing to sync, not an error. Raises what :func:`sync`
-    raises.
+    has made yet is nothing to sync, not an error. ``open_run``: what opens
+    each upload's run (tests pass a stand-in for wandb). Raises what
+    :func:`sync` raises.
     """
     source = located.open_for_sync(budget.spent, check=check)
     storage = source.storage
@@ -156,7 +159,9 @@ def sync_pass(
             if budget.spent():
                 stopped = True
                 break
-            report = _sync_run(storage, located, name, overrides, mode, folder, budget, progress, on_run, more_soon=more_soon)
+            report = _sync_run(
+                storage, located, name, overrides, mode, folder, budget, progress, on_run, more_soon=more_soon, open_run=open_run
+            )
             if report is not None:
                 done.append(report)
                 stopped = stopped or report.cut_short
@@ -175,6 +180,7 @@ def _sync_run(
     on_run: Callable[[RunSync], None] | None,
     *,
     more_soon: bool = False,
+    open_run: OpenRun = WandbRun,
 ) -> RunSync | None:
     """Upload one run's pending records, then finish its W&B run if its job is done; what was done, if anything.
 
@@ -183,7 +189,7 @@ def _sync_run(
     run would, if killed, leave the run finished by wandb's service before
     its last records arrived.
     """
-    report = _upload(storage, name, overrides, mode, folder, budget, progress, on_run, None, more_soon)
+    report = _upload(storage, name, overrides, mode, folder, budget, progress, on_run, None, more_soon, open_run)
     if report is not None and report.cut_short:
         return report
     if mode != "online" or budget.spent():
@@ -191,7 +197,7 @@ def _sync_run(
     code = outcome(storage, buffer, name)
     if code is None:
         return report
-    final = _upload(storage, name, overrides, mode, folder, budget, None, None, code, more_soon)
+    final = _upload(storage, name, overrides, mode, folder, budget, None, None, code, more_soon, open_run)
     assert final is not None
     return final if report is None else replace(report, finished=final.finished)
 
@@ -207,6 +213,7 @@ def _upload(
     on_run: Callable[[RunSync], None] | None,
     finish_code: int | None,
     more_soon: bool = False,
+    open_run: OpenRun = WandbRun,
 ) -> RunSync | None:
     """Plan and send one upload of the run; with ``finish_code``, one that finishes it (even with nothing pending)."""
     planned = plan(storage, name, overrides, mode, budget, dry_run=False, finishing=finish_code is not None)
@@ -215,7 +222,9 @@ def _upload(
     if on_run is not None:
         on_run(planned.report)
     try:
-        return upload(storage, planned, mode, folder, budget, progress, finish_code=finish_code, more_soon=more_soon)
+        return upload(
+            storage, planned, mode, folder, budget, progress, finish_code=finish_code, more_soon=more_soon, open_run=open_run
+        )
     except OutOfTime as exc:
         raise UploadError(
             f"{exc} before W&B confirmed the upload of run {name!r}, so nothing of it is marked"

@@ -14,8 +14,10 @@ import contextlib
 import json
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 
@@ -37,7 +39,7 @@ from ..record import (
     flatten,
     line_room,
 )
-from ..store import Storage
+from ..store import Storage, Target
 from ..store.schema import config_entries, quarantine, records, runs, syncs, writers
 from ..store.target import set_target
 from .budget import Budget
@@ -51,6 +53,48 @@ _KNOWN_MAX = 10_000  # record shapes remembered per upload
 BATCH = 500  # records made ready at a time; the progress callback is called after each batch
 
 
+class RunSink(Protocol):
+    """What an upload needs of the W&B run it sends into: walbuf.syncer.wandb_run.WandbRun, or a test's stand-in.
+
+    Each method raises what WandbRun's raises: RowRefused for one row wandb
+    refuses, UploadError, ConfigError or TargetRefusedError for the upload.
+    """
+
+    @property
+    def target(self) -> Target: ...
+
+    @property
+    def offline_dir(self) -> str | None: ...
+
+    def define_metric(self, key: str, step_metric: str) -> None: ...
+
+    def update_summary(self, summary: dict[str, Any]) -> None: ...
+
+    def log(self, row: dict[str, Any], step: int | None = None) -> dict[str, Any]: ...
+
+    def batched(self) -> AbstractContextManager[None]: ...
+
+    def mark_preempting(self) -> None: ...
+
+    def finish(self, exit_code: int | None = None) -> None: ...
+
+
+class OpenRun(Protocol):
+    """Opens the run an upload sends into (WandbRun's constructor; see it for the arguments)."""
+
+    def __call__(
+        self,
+        target: Target,
+        name: str | None,
+        mode: SyncMode,
+        directory: Path,
+        *,
+        config: dict[str, Any] | None = None,
+        init_timeout: float = 90.0,
+        finish_state: bool = False,
+    ) -> RunSink: ...
+
+
 def upload(
     storage: Storage,
     plan: Plan,
@@ -61,8 +105,9 @@ def upload(
     *,
     finish_code: int | None = None,
     more_soon: bool = False,
+    open_run: OpenRun = WandbRun,
 ) -> RunSync:
-    """Send the plan's records, within the budget; what was sent, once wandb confirmed it.
+    """Send the plan's records, within the budget, into the run ``open_run`` opens; what was sent, once wandb confirmed it.
 
     With ``finish_code``, the upload also finishes the W&B run with that exit
     code (its job is done: see walbuf.syncer.finish), unless the budget cut
@@ -87,7 +132,7 @@ def upload(
     replay = _Replay(storage, plan, mode, budget, progress)
     try:
         with budget.hard_stop():
-            wandb_run = WandbRun(
+            wandb_run = open_run(
                 plan.report.target,
                 # The display name is given once, when the W&B run is made: a
                 # later sync would undo a rename made in W&B.
@@ -182,7 +227,7 @@ class _Replay:
         # payload of those keys that fits a line), for records found fine that hold plain values only
         self._known: dict[tuple[object, ...], tuple[tuple[str, ...], int]] = {}
 
-    def into(self, wandb_run: WandbRun, merged: dict[str, dict[str, object]]) -> None:
+    def into(self, wandb_run: RunSink, merged: dict[str, dict[str, object]]) -> None:
         """The metric definitions the run has (its config went with wandb.init), the records, the whole summary."""
         for name, step_metric in self.metrics.definitions():
             # All of them, every time, before the first row: W&B keeps the
@@ -231,7 +276,7 @@ class _Replay:
             )
         return summary
 
-    def _send_batch(self, wandb_run: WandbRun, batch: Sequence[tuple[int, int, int, float, str]]) -> bool:
+    def _send_batch(self, wandb_run: RunSink, batch: Sequence[tuple[int, int, int, float, str]]) -> bool:
         """Send (or quarantine) the records of ``batch`` in order, within the budget; whether they all were handled."""
         # The batch's rows are all made ready before the first goes to wandb,
         # so that the wandb.log calls come back to back: each one waits for
@@ -308,7 +353,7 @@ class _Replay:
         return row, needed, None
 
     def _send(
-        self, wandb_run: WandbRun, writer: PlanWriter, row: dict[str, object], needed: Sequence[tuple[str, str]]
+        self, wandb_run: RunSink, writer: PlanWriter, row: dict[str, object], needed: Sequence[tuple[str, str]]
     ) -> str | None:
         """Send one prepared row; why wandb refused it, if it did (then nothing was sent)."""
         try:

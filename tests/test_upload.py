@@ -1,0 +1,225 @@
+"""Planning and upload, in-process, against a stand-in for the W&B run that records what it is handed.
+
+These run in a fraction of a second each (no wandb, no server, no
+subprocess), so the quick loop catches a broken plan or cursor. What the
+real wandb and the fake server end with is tested in test_sync.py and
+test_sync_faults.py; here the stand-in is what the upload talks to: it
+keeps each upload's rows, and the rows of an upload whose finish succeeded
+are what "W&B confirmed".
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import walbuf
+from walbuf.buffer import open_buffer
+from walbuf.errors import UploadError
+from walbuf.store import Target
+from walbuf.syncer.budget import Budget
+from walbuf.syncer.syncer import sync_pass
+
+
+@dataclass
+class Upload:
+    """What one upload handed the run: its rows in order, and how it ended."""
+
+    target: Target
+    config: dict[str, Any] | None
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    definitions: list[tuple[str, str]] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+    finished: bool = False  # finish() returned: W&B confirmed the upload
+    exit_code: int | None = None
+
+
+@dataclass
+class StandIn:
+    """Opens recording runs; ``fail_next`` makes the next uploads' finish fail as an unreachable W&B would."""
+
+    uploads: list[Upload] = field(default_factory=list)
+    fail_next: int = 0
+
+    def open(self, target: Target, name: str | None, mode: str, directory: Path, **options: Any) -> RecordingRun:
+        upload = Upload(target, options.get("config"))
+        self.uploads.append(upload)
+        failing = self.fail_next > 0
+        self.fail_next -= failing
+        return RecordingRun(upload, failing)
+
+    def confirmed_rows(self) -> list[dict[str, Any]]:
+        return [row for upload in self.uploads if upload.finished for row in upload.rows]
+
+
+class RecordingRun:
+    def __init__(self, upload: Upload, failing: bool) -> None:
+        self.upload, self.failing = upload, failing
+
+    @property
+    def target(self) -> Target:
+        return replace(self.upload.target, project=self.upload.target.project or "uncategorized")
+
+    @property
+    def offline_dir(self) -> str | None:
+        return None
+
+    def define_metric(self, key: str, step_metric: str) -> None:
+        self.upload.definitions.append((key, step_metric))
+
+    def update_summary(self, summary: dict[str, Any]) -> None:
+        self.upload.summary.update(summary)
+
+    def log(self, row: dict[str, Any], step: int | None = None) -> dict[str, Any]:
+        self.upload.rows.append(dict(row))
+        return {}
+
+    @contextlib.contextmanager
+    def batched(self) -> Iterator[None]:
+        yield
+
+    def mark_preempting(self) -> None:
+        pass
+
+    def finish(self, exit_code: int | None = None) -> None:
+        if self.failing:
+            raise UploadError("W&B could not be reached (the stand-in's injected failure)")
+        self.upload.finished, self.upload.exit_code = True, exit_code
+
+
+def sync_in_process(buffer: Path, stand_in: StandIn, max_records: int | None = None) -> walbuf.SyncResult:
+    located = open_buffer(buffer)
+    with contextlib.suppress(UploadError):
+        return sync_pass(
+            located, None, Target(), "online", buffer.parent / "wandb", Budget(max_records, None),
+            open_run=stand_in.open,
+        )
+    return walbuf.SyncResult(runs=())
+
+
+def steps(rows: list[dict[str, Any]], writer: str) -> list[int]:
+    return [row[f"{writer}/step"] for row in rows if f"{writer}/step" in row]
+
+
+@pytest.fixture
+def buffer(tmp_path):
+    return tmp_path / "b.db"
+
+
+def test_a_sync_hands_each_pending_record_to_the_run_once_in_commit_order(buffer):
+    stand_in = StandIn()
+    with walbuf.Writer(buffer, writer="a") as a, walbuf.Writer(buffer, writer="b") as b:
+        for i in range(3):
+            a.log({"x": i})
+            b.log({"y": i})
+    sync_in_process(buffer, stand_in)
+    rows = stand_in.confirmed_rows()
+    assert [(next(iter(r)).split("/")[0], r.get("a/x", r.get("b/y"))) for r in rows] == [
+        ("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2)
+    ]
+
+
+def test_a_second_sync_with_nothing_new_opens_no_run(buffer):
+    stand_in = StandIn()
+    with walbuf.Writer(buffer, writer="a") as a:
+        a.config({"lr": 0.1})
+        a.log({"x": 0})
+        sync_in_process(buffer, stand_in)
+        assert len(stand_in.uploads) == 1 and stand_in.uploads[0].config == {"lr": 0.1}
+        result = sync_in_process(buffer, stand_in)
+    assert result.runs == () and len(stand_in.uploads) == 1
+
+
+def test_a_config_set_after_a_sync_is_sent_by_the_next_even_with_no_new_records(buffer):
+    stand_in = StandIn()
+    with walbuf.Writer(buffer, writer="a") as a:
+        a.log({"x": 0})
+        sync_in_process(buffer, stand_in)
+        a.config({"lr": 0.2})
+        sync_in_process(buffer, stand_in)
+    assert [u.config for u in stand_in.uploads] == [{}, {"lr": 0.2}]
+
+
+def test_a_failed_upload_advances_nothing_and_the_next_sends_it_all(buffer):
+    stand_in = StandIn(fail_next=1)
+    with walbuf.Writer(buffer, writer="a") as a:
+        for i in range(3):
+            a.log({"x": i})
+        sync_in_process(buffer, stand_in)
+        assert stand_in.confirmed_rows() == [] and walbuf.status(buffer).runs[0].pending == 3
+        sync_in_process(buffer, stand_in)
+    assert steps(stand_in.confirmed_rows(), "a") == [0, 1, 2]
+
+
+def test_a_sync_cut_short_never_moves_a_cursor_back(buffer):
+    stand_in = StandIn()
+    with walbuf.Writer(buffer, writer="a") as a:
+        for _ in range(3):
+            a.log({"v": 1.0})
+        with walbuf.Writer(buffer, writer="b") as b:  # a new writer's cursor starts past every record there is
+            b.log({"v": 1.0})
+            before = synced_ids(buffer)
+            sync_in_process(buffer, stand_in, max_records=1)
+            after = synced_ids(buffer)
+    assert after["a"] == 1 and after["b"] == before["b"] == 3
+
+
+# One operation of a job and its syncs: a writer logs a record, or a sync
+# runs (bounded to a few records, or not; its upload failing, or not).
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("log"), st.sampled_from(["a", "b", "c"])),
+        st.tuples(st.just("sync"), st.one_of(st.none(), st.integers(1, 4)), st.booleans()),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=operations)
+def test_over_any_logs_and_syncs_cursors_only_advance_and_w_and_b_confirms_each_record_once_in_order(tmp_path_factory, ops):
+    buffer = tmp_path_factory.mktemp("ops") / "b.db"
+    stand_in = StandIn()
+    logged: dict[str, list[int]] = {}
+    writers: dict[str, walbuf.Writer] = {}
+    try:
+        for op in ops:
+            if op[0] == "log":
+                name = op[1]
+                if name not in writers:
+                    writers[name] = walbuf.Writer(buffer, writer=name)
+                logged.setdefault(name, []).append(writers[name].log({"v": 1.0}))
+                continue
+            if not buffer.exists():
+                continue
+            before = synced_ids(buffer)
+            stand_in.fail_next = int(op[2])
+            sync_in_process(buffer, stand_in, max_records=op[1])
+            stand_in.fail_next = 0  # (left set by a sync that had nothing to upload)
+            for name, cursor in synced_ids(buffer).items():
+                assert cursor >= before[name], f"writer {name}'s cursor went back: {before[name]} -> {cursor}"
+        if buffer.exists():
+            sync_in_process(buffer, stand_in)  # and one that completes
+    finally:
+        for w in writers.values():
+            w.close()
+    for name, steps_logged in logged.items():
+        assert steps(stand_in.confirmed_rows(), name) == steps_logged
+
+
+def synced_ids(buffer: Path) -> dict[str, int]:
+    """Each writer's sync cursor, as the buffer holds it."""
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{buffer}?mode=ro", uri=True)
+    try:
+        return dict(conn.execute("SELECT name, synced_id FROM writers"))
+    finally:
+        conn.close()
