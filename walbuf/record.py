@@ -20,7 +20,7 @@ import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, Union, cast
 
 from .errors import MetricTypeError, MetricValueError
 from .histogram import Histogram
@@ -70,11 +70,11 @@ def _convert(key: str, value: Any, what: str = "metric") -> Scalar:
     kind = type(value)
     if kind is str:
         _check_text(key, value, what)
-        return value
+        return cast(str, value)
     if kind is int:
         return _checked_int(key, value, what)
     if kind in _PRIMITIVE:
-        return value
+        return cast(Scalar, value)
     # Subclasses (numpy.float64 is a float, IntEnum an int) are stored as the base kind.
     if isinstance(value, bool):
         return bool(value)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import sqlalchemy as sa
 
@@ -81,7 +81,7 @@ class BufferStatus:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for JSON (dicts, lists, str, numbers, None): per run and writer at least ``records`` and ``pending``."""
-        return _plain(asdict(self))
+        return cast(dict[str, Any], _plain(asdict(self)))
 
 
 def _plain(value: Any) -> Any:

@@ -319,7 +319,7 @@ def _lapsed(row: Any) -> bool:
         return True
     # A holder on this host is looked at directly, so a writer killed here
     # is seen dead at once rather than when its lease runs out.
-    return host == socket.gethostname() and boot_id == _boot_id() != "" and _started(pid) != started
+    return bool(host == socket.gethostname() and boot_id == _boot_id() != "" and _started(pid) != started)
 
 
 def _taken_over(backend: PostgresBackend, then: str) -> WriterConflictError:

@@ -340,16 +340,17 @@ class _Batcher:
         about as long as the rest of the sync's work on a row together.
         """
         pb: Any = importlib.import_module("wandb.proto.wandb_internal_pb2")  # generated: no types to check
-        from wandb.sdk.interface import interface
+        from wandb.sdk.interface.history_value import set_history_value
+        from wandb.sdk.wandb_settings import HISTORY_VALUE_ENCODING_JSON, HISTORY_VALUE_ENCODING_TYPED
 
         encoding = run._settings.x_history_value_encoding.split(",")
-        json_form = interface.HISTORY_VALUE_ENCODING_JSON in encoding
-        typed_form = interface.HISTORY_VALUE_ENCODING_TYPED in encoding
+        json_form = HISTORY_VALUE_ENCODING_JSON in encoding
+        typed_form = HISTORY_VALUE_ENCODING_TYPED in encoding
         request = pb.PartialHistoryRequest()
         for key, value in row.items():
             item = request.item.add()
             item.key = key
-            interface.set_history_value(item, value, json_form=json_form, typed_form=typed_form)
+            set_history_value(item, value, json_form=json_form, typed_form=typed_form)
         self._interface._publish_partial_history(request)
         run._local_step += 1  # as run.log without a step or commit
 
