@@ -22,9 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+from wandb_server import FakeWandb  # noqa: E402
+
 import walbuf  # noqa: E402
 from walbuf.directory.layout import ENV_HOST, ENV_ROTATE  # noqa: E402
-from wandb_server import FakeWandb  # noqa: E402
 
 
 def arrived(server: FakeWandb, writer: str, value: int) -> bool:

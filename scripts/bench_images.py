@@ -61,7 +61,9 @@ def log_walbuf(location: str, arrays: list[np.ndarray]) -> float:
 def log_wandb(directory: str, arrays: list[np.ndarray]) -> tuple[float, Path]:
     import wandb
 
-    run = wandb.init(mode="offline", dir=directory, project="bench", settings=wandb.Settings(console="off", x_disable_stats=True))
+    run = wandb.init(
+        mode="offline", dir=directory, project="bench", settings=wandb.Settings(console="off", x_disable_stats=True)
+    )
     start = time.perf_counter()
     for array in arrays:
         run.log({"sample": wandb.Image(array)})

@@ -21,12 +21,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import walbuf  # noqa: E402
 from wandb_server import FakeWandb  # noqa: E402
+
+import walbuf  # noqa: E402
 
 
 def prepare(buffer: Path, keys: int) -> walbuf.Writer:
-    """A run whose writer logged ``keys`` distinct keys, all synced already; the writer stays open (training goes on)."""
+    """A run whose writer logged ``keys`` distinct keys, all synced already; the writer stays open (training goes
+    on)."""
     writer = walbuf.Writer(buffer, writer="w", run="bench")
     writer.log({f"layer{i}/grad_norm": float(i) for i in range(keys)})
     result = walbuf.sync(buffer, project="bench", entity="bench")

@@ -52,13 +52,15 @@ def main() -> None:
         jobs = [
             subprocess.Popen(
                 [sys.executable, "-c", WRITER, buffer, f"proc-{i}", str(args.per_process)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
             )
             for i in range(processes)
         ]
         errors = [job.communicate()[1] for job in jobs]
         took = time.perf_counter() - started
-        failed = [e for job, e in zip(jobs, errors) if job.returncode != 0]
+        failed = [e for job, e in zip(jobs, errors, strict=False) if job.returncode != 0]
         landed = sum(1 for r in walbuf.read(buffer, run="bench") if r.writer != "setup")
         first = failed[0].strip().splitlines()[-1] if failed else ""
         print(

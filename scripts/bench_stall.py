@@ -16,8 +16,8 @@ transaction).
 from __future__ import annotations
 
 import argparse
-import os
 import importlib
+import os
 import sqlite3
 import statistics
 import subprocess
@@ -88,20 +88,24 @@ def main() -> None:
             with FakeWandb() as server:
                 proc = subprocess.run(
                     [sys.executable, "-m", "walbuf", "sync", str(buffer), "--project", "bench", "--quiet"],
-                    env={**os.environ, **server.env()}, capture_output=True, text=True,
+                    env={**os.environ, **server.env()},
+                    capture_output=True,
+                    text=True,
                 )
             what = f"sync: exit {proc.returncode} in {time.perf_counter() - started:.1f} s {proc.stderr.strip()}"
         writer.stdin.write("stop\n")
         writer.stdin.flush()
         times = sorted(float(t) for t in writer.stdout.readline().split())
         writer.wait()
+
     def at(q: float) -> float:  # nearest rank
         return times[min(len(times) - 1, int(q * len(times)))]
 
     print(what)
     print(
-        f"writer log() during it ({len(times)} calls): worst {times[-1] * 1000:.1f} ms, p99.9 {at(0.999) * 1000:.1f} ms,"
-        f" p99 {at(0.99) * 1000:.2f} ms, median {statistics.median(times) * 1000:.2f} ms"
+        f"writer log() during it ({len(times)} calls): worst {times[-1] * 1000:.1f} ms,"
+        f" p99.9 {at(0.999) * 1000:.1f} ms, p99 {at(0.99) * 1000:.2f} ms,"
+        f" median {statistics.median(times) * 1000:.2f} ms"
     )
 
 

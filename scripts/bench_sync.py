@@ -186,7 +186,9 @@ def pin(server: int) -> None:
         if pid.isdigit() and _parent(int(pid)) == os.getpid() and _name(int(pid)) == "wandb-core"
     ]
     if len(core) != 1:
-        raise SystemExit(f"pinning: expected one wandb-core process under this one, found {len(core)}; run with --no-pin")
+        raise SystemExit(
+            f"pinning: expected one wandb-core process under this one, found {len(core)}; run with --no-pin"
+        )
     for pid, cpu in ((os.getpid(), cpus[0]), (core[0], cpus[1]), (server, cpus[1])):
         for task in os.listdir(f"/proc/{pid}/task"):  # every thread: affinity is per thread
             os.sched_setaffinity(int(task), {cpu})
@@ -257,7 +259,7 @@ def main() -> None:
         kinds = ["sync", "bare"] + (["each key"] if args.each_key else [])
         seconds: dict[str, list[float]] = {kind: [] for kind in kinds}
         finishing = []
-        for r, (buffer, writers) in enumerate(zip(buffers, open_writers)):
+        for r, (buffer, writers) in enumerate(zip(buffers, open_writers, strict=False)):
             # Each round runs the kinds in another order: a run's after-effects
             # (wandb-core closing the run before, the page cache) fall on each alike.
             for kind in kinds[r % len(kinds) :] + kinds[: r % len(kinds)]:
@@ -273,20 +275,28 @@ def main() -> None:
             "placement               :",
             "pinned (this process on one CPU, wandb-core on the other)" if args.pin else "the scheduler's",
         )
-        print(f"walbuf sync             : {args.rows / statistics.median(seconds['sync']):8,.0f} rows/s (median of {args.rounds})")
-        print(f"bare wandb.log loop     : {args.rows / statistics.median(seconds['bare']):8,.0f} rows/s (the same glob definitions)")
+        print(
+            f"walbuf sync             : {args.rows / statistics.median(seconds['sync']):8,.0f} rows/s"
+            f" (median of {args.rounds})"
+        )
+        print(
+            f"bare wandb.log loop     : {args.rows / statistics.median(seconds['bare']):8,.0f} rows/s"
+            " (the same glob definitions)"
+        )
         # Each round's ratio, then their median: a slow patch of the machine
         # falls on one round's measurements, not on one kind's.
         for kind, label in (("bare", "sync / bare            "), ("each key", "sync / bare, each key  ")):
             if kind in seconds:
-                ratio = sorted(b / o for b, o in zip(seconds[kind], seconds["sync"]))
+                ratio = sorted(b / o for b, o in zip(seconds[kind], seconds["sync"], strict=False))
                 low, high = median_interval(ratio)
                 print(
-                    f"{label} : {statistics.median(ratio):5.2f}x   (95% interval of the median {low:.2f}x to {high:.2f}x;"
+                    f"{label} : {statistics.median(ratio):5.2f}x"
+                    f"   (95% interval of the median {low:.2f}x to {high:.2f}x;"
                     f" rounds {ratio[0]:.2f}x to {ratio[-1]:.2f}x)" + ("  target >= 0.9x" if kind == "bare" else "")
                 )
         print(
-            f"finishing the run, once per job: {statistics.median(finishing) / statistics.median(seconds['bare']):5.2f}x"
+            "finishing the run, once per job:"
+            f" {statistics.median(finishing) / statistics.median(seconds['bare']):5.2f}x"
             f" the bare loop's time for {args.rows:,} rows"
         )
 

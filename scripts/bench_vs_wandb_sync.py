@@ -117,7 +117,7 @@ def main() -> None:
         for name in ("walbuf sync", "wandb beta sync", "wandb sync"):
             theirs = times[f"{phase}: {name}"]
             median = statistics.median(theirs)
-            ratio = statistics.median(a / b for a, b in zip(ours, theirs))
+            ratio = statistics.median(a / b for a, b in zip(ours, theirs, strict=False))
             vs = "" if name == "walbuf sync" else f"   walbuf takes {ratio:.2f}x its time"
             print(f"  {name:<16} {median:6.2f} s  {rows / median:8,.0f} rows/s{vs}")
 

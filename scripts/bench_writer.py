@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import bench_backends  # scripts/ is on sys.path when this runs as a script
+
 import walbuf
 from walbuf.record import encode
 
@@ -103,10 +104,7 @@ def main() -> None:
     print(f"wandb.log (offline)         : {wandb_us:7.1f} us/record")
     print(f"log() / bare INSERT         : {log_us / bare_us:5.2f}x   (target <= 1.5x)")
     print(f"offline wandb.log / log()   : {wandb_us / log_us:5.2f}x   (target >= 5x)")
-    print(
-        f"{args.processes} processes, one buffer : {rate:,.0f} records/s together"
-        " (target >= 50,000)"
-    )
+    print(f"{args.processes} processes, one buffer : {rate:,.0f} records/s together (target >= 50,000)")
 
 
 if __name__ == "__main__":

@@ -95,5 +95,6 @@ def main() -> None:
                 points = sum(1 for row in run.history if key in row)
                 print(f"  {key:<22} {points:>4} points on axis {axis}")
 
+
 if __name__ == "__main__":
     main()

@@ -64,17 +64,23 @@ def core_of(pid: int) -> int | None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--minutes", type=float, default=10.0)
-    parser.add_argument("--sample-minutes", type=float, default=10.0, help="memory is sampled this often after the first minute")
+    parser.add_argument(
+        "--sample-minutes", type=float, default=10.0, help="memory is sampled this often after the first minute"
+    )
     args = parser.parse_args()
     seconds = args.minutes * 60
     with FakeWandb() as server, tempfile.TemporaryDirectory() as tmp:
         buffer = str(Path(tmp) / "exp.db")
         env = {**os.environ, **server.env()}
         follow = subprocess.Popen(
-            [sys.executable, "-m", "walbuf", "sync", "--follow", "--quiet", buffer], env=env, stderr=subprocess.PIPE, text=True
+            [sys.executable, "-m", "walbuf", "sync", "--follow", "--quiet", buffer],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         writers = [
-            subprocess.Popen([sys.executable, "-c", WRITER, buffer, f"rank-{i}", str(seconds)], env=env) for i in range(2)
+            subprocess.Popen([sys.executable, "-c", WRITER, buffer, f"rank-{i}", str(seconds)], env=env)
+            for i in range(2)
         ]
         seen: dict[tuple[str, float], float] = {}
         states: list[tuple[float, str]] = []

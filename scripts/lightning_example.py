@@ -45,7 +45,7 @@ class Tiny(pl.LightningModule):
     def on_train_end(self):
         # Runs in every rank's process, spawned or launched: none may have made
         # a wandb run, so none may even have imported wandb.
-        report("rank-%d" % self.global_rank, type(self.logger.experiment).__name__)
+        report(f"rank-{self.global_rank}", type(self.logger.experiment).__name__)
 
 
 def report(process: str, experiment: str = "") -> None:

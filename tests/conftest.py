@@ -6,16 +6,16 @@ import grp
 import logging
 import math
 import os
-import socket
 import pwd
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import uuid
-from contextlib import contextmanager
 from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -223,7 +223,7 @@ def rows_of(fake_run, writer, axis="step"):
     for row in fake_run.history:
         if prefix + axis not in row:
             continue
-        metrics = {k[len(prefix):]: v for k, v in row.items() if k.startswith(prefix) and k != prefix + axis}
+        metrics = {k[len(prefix) :]: v for k, v in row.items() if k.startswith(prefix) and k != prefix + axis}
         out.append((row[prefix + axis], metrics))
     return out
 
@@ -279,9 +279,8 @@ def cotenant() -> Account:
     """
     missing = [tool for tool in ("setpriv", "useradd", "groupadd") if shutil.which(tool) is None]
     if os.geteuid() != 0 or missing:
-        message = (
-            "the shared-storage tests need a second account, which only a suite run as root can make"
-            + (f" (and {', '.join(missing)})" if missing else "")
+        message = "the shared-storage tests need a second account, which only a suite run as root can make" + (
+            f" (and {', '.join(missing)})" if missing else ""
         )
         if os.environ.get("CI"):
             pytest.fail(message)
@@ -300,7 +299,8 @@ def cotenant() -> Account:
 
 @pytest.fixture
 def shared_folders(cotenant):
-    """(scratch, project): a world-writable scratch folder (1777) and a group project folder (2770, the project group's)."""
+    """(scratch, project): a world-writable scratch folder (1777) and a group project folder (2770, the project
+    group's)."""
     top = Path(tempfile.mkdtemp(prefix="walbuf-shared-", dir="/tmp"))
     top.chmod(0o755)
     scratch, project = top / "scratch", top / "project"
@@ -353,7 +353,8 @@ def wandb_cores(pid: int) -> set[int]:
 
 @pytest.fixture
 def unused_port():
-    """A TCP port on 127.0.0.1 that refuses connections: bound for the test, never listened on (so nothing else takes it)."""
+    """A TCP port on 127.0.0.1 that refuses connections: bound for the test, never listened on (so nothing else takes
+    it)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         yield sock.getsockname()[1]

@@ -31,7 +31,9 @@ for line in sys.stdin:
         shard = max(live.glob("*.db"))
         print(shard, flush=True)
         continue
-    while in_use(Layout(Path(buffer)), shard):  # the expiry thread releases the lease, then waits for the host's rotate.lock
+    while in_use(
+        Layout(Path(buffer)), shard
+    ):  # the expiry thread releases the lease, then waits for the host's rotate.lock
         threading.Event().wait(0.01)
     pid = os.fork()
     if pid == 0:

@@ -59,12 +59,26 @@ def transformers_phase() -> None:
     x, y = data()
     rows = [{"x": x[i], "labels": y[i]} for i in range(len(x))]
     args = TrainingArguments(
-        output_dir="out", report_to="wandb" if LOGGER == "wandb" else "none", logging_steps=1, eval_strategy="steps",
-        eval_steps=2, save_steps=2, max_steps=STEPS, per_device_train_batch_size=8, use_cpu=True, seed=0,
-        disable_tqdm=True, learning_rate=0.1, run_name="side-by-side",
+        output_dir="out",
+        report_to="wandb" if LOGGER == "wandb" else "none",
+        logging_steps=1,
+        eval_strategy="steps",
+        eval_steps=2,
+        save_steps=2,
+        max_steps=STEPS,
+        per_device_train_batch_size=8,
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+        learning_rate=0.1,
+        run_name="side-by-side",
     )
     trainer = Trainer(
-        model=Regression(), args=args, train_dataset=rows, eval_dataset=rows[:8], compute_metrics=compute_metrics,
+        model=Regression(),
+        args=args,
+        train_dataset=rows,
+        eval_dataset=rows[:8],
+        compute_metrics=compute_metrics,
         callbacks=callbacks,
     )
     trainer.train(resume_from_checkpoint="out/checkpoint-2" if PHASE == 2 else None)
@@ -111,8 +125,16 @@ def lightning_phase() -> None:
     loader = DataLoader(TensorDataset(x[:, None], y[:, None]), batch_size=8)
     checkpoints = ModelCheckpoint(dirpath="ckpt", every_n_train_steps=2, save_top_k=-1, filename="{step}")
     trainer = pl.Trainer(
-        max_steps=STEPS, logger=logger, callbacks=[checkpoints], log_every_n_steps=1, val_check_interval=2,
-        limit_val_batches=1, num_sanity_val_steps=0, accelerator="cpu", devices=1, enable_progress_bar=False,
+        max_steps=STEPS,
+        logger=logger,
+        callbacks=[checkpoints],
+        log_every_n_steps=1,
+        val_check_interval=2,
+        limit_val_batches=1,
+        num_sanity_val_steps=0,
+        accelerator="cpu",
+        devices=1,
+        enable_progress_bar=False,
         enable_model_summary=False,
     )
     pl.seed_everything(0)

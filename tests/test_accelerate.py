@@ -1,4 +1,5 @@
-"""WalbufTracker: real Accelerate under torchrun, 2 CPU processes; both arrive in one W&B run with histogram and image."""
+"""WalbufTracker: real Accelerate under torchrun, 2 CPU processes; both arrive in one W&B run with histogram and
+image."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import rows_of, run_sql, run_sync
 
 import walbuf
-from conftest import rows_of, run_sql, run_sync
 from walbuf import ConfigError
 from walbuf.integrations.accelerate import WalbufTracker
 
@@ -25,7 +26,10 @@ def torchrun(script: Path, *args: str, env: dict[str, str] | None = None) -> dic
     """``script`` under torchrun with 2 processes; process -> whether it imported wandb (each prints a line)."""
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script), *args],
-        capture_output=True, text=True, timeout=600, env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     # Each report is one write() of a short line, so it is never split; but the
@@ -78,7 +82,12 @@ def test_settings_default_from_the_environment_as_for_walbuf_init(tmp_path, monk
     tracker.log({"loss": 1.0}, step=7)
     tracker.finish()
     (record,) = walbuf.read(tmp_path / "env.db")
-    assert (record.run, record.writer, record.step, record.metrics) == ("from-env", "rank-3", 0, {"loss": 1.0, "step": 7})
+    assert (record.run, record.writer, record.step, record.metrics) == (
+        "from-env",
+        "rank-3",
+        0,
+        {"loss": 1.0, "step": 7},
+    )
 
 
 def test_main_process_only_leaves_other_processes_silent(tmp_path, monkeypatch):
@@ -155,7 +164,11 @@ def test_log_images_logs_walbuf_images_and_unknown_keywords_are_warned_once(tmp_
     assert len([w for w in warned if "commit" in str(w.message)]) == 2  # once for log_images, once for log
     tracker.finish()
     first, second = walbuf.read(tmp_path / "b.db")
-    assert {k: type(v).__name__ for k, v in first.metrics.items()} == {"samples/0": "Image", "samples/1": "Image", "step": "int"}
+    assert {k: type(v).__name__ for k, v in first.metrics.items()} == {
+        "samples/0": "Image",
+        "samples/1": "Image",
+        "step": "int",
+    }
     assert second.metrics == {"loss": 0.5, "step": 1}
 
 
@@ -163,7 +176,9 @@ def test_hyperparameters_w_and_b_stores_as_text_are_stored_as_text(tmp_path):
     import numpy as np
 
     tracker = WalbufTracker(buffer=tmp_path / "b.db")
-    tracker.store_init_configuration({"complex": np.complex64(1 + 2j), "date": np.datetime64("2026-01-02"), "raw": np.bytes_(b"x")})
+    tracker.store_init_configuration(
+        {"complex": np.complex64(1 + 2j), "date": np.datetime64("2026-01-02"), "raw": np.bytes_(b"x")}
+    )
     tracker.finish()
     config = {k: json.loads(v) for k, v in run_sql(tmp_path / "b.db", "SELECT key, value FROM config_entries")}
     assert config == {"complex": "(1+2j)", "date": "2026-01-02", "raw": "x"}

@@ -63,7 +63,11 @@ def imports_of(path: Path) -> set[str]:
                 continue
             for alias in node.names:  # `from . import x` may name a module
                 sub = f"{target}.{alias.name}"
-                found.add(sub if (PACKAGE.parent / sub.replace(".", "/")).with_suffix(".py").exists() or is_package(sub) else target)
+                found.add(
+                    sub
+                    if (PACKAGE.parent / sub.replace(".", "/")).with_suffix(".py").exists() or is_package(sub)
+                    else target
+                )
     return found - {name}
 
 
@@ -77,7 +81,7 @@ def test_there_is_no_import_cycle():
         state[node] = "open"
         for dep in sorted(GRAPH.get(node, ())):
             if state.get(dep) == "open":
-                cycle = path[path.index(dep):] + [dep] if dep in path else [node, dep]
+                cycle = path[path.index(dep) :] + [dep] if dep in path else [node, dep]
                 pytest.fail("import cycle: " + " -> ".join(cycle))
             if dep not in state:
                 visit(dep, path + [dep])

@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_sync
 
 import walbuf
-from conftest import run_sync
 from walbuf.directory.layout import ENV_HOST, MARKER
 from walbuf.store import schema
 
@@ -194,7 +194,8 @@ def test_twenty_logged_calls_on_a_directory_buffer_share_one_shard(tmp_path):
         "evaluate = walbuf.logged(sys.argv[1], writer='eval', run='exp')(lambda i: {'i': i})\n"
         "for i in range(20): evaluate(i)\n"
         "from pathlib import Path\n"
-        "print(len(list((Path(sys.argv[1]) / 'live').rglob('*.db'))), len(list((Path(sys.argv[1]) / 'sealed').glob('*.db'))))\n"
+        "top = Path(sys.argv[1])\n"
+        "print(len(list((top / 'live').rglob('*.db'))), len(list((top / 'sealed').glob('*.db'))))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code, directory], capture_output=True, text=True, check=True)
     assert proc.stdout.split() == ["1", "0"]  # while the process runs: one live shard, none sealed
@@ -224,5 +225,9 @@ def test_what_the_cli_calls_is_the_library():
     from walbuf import cli
 
     assert (cli.sync_buffer, cli.buffer_status, cli.prune_buffer, cli.examine, cli.read) == (
-        walbuf.sync, walbuf.status, walbuf.prune, walbuf.doctor, walbuf.read,
+        walbuf.sync,
+        walbuf.status,
+        walbuf.prune,
+        walbuf.doctor,
+        walbuf.read,
     )

@@ -23,7 +23,10 @@ def test_records_prints_json_lines_in_logged_order(buffer):
     result = CliRunner().invoke(main, ["records", str(buffer)])
     assert result.exit_code == 0, result.output
     lines = [json.loads(line) for line in result.output.splitlines()]
-    assert [(r["run"], r["writer"], r["step"], r["metrics"]["a"]) for r in lines] == [("r", "w", 0, 1), ("r", "w", 5, 2)]
+    assert [(r["run"], r["writer"], r["step"], r["metrics"]["a"]) for r in lines] == [
+        ("r", "w", 0, 1),
+        ("r", "w", 5, 2),
+    ]
 
 
 def test_records_limit_and_filters(buffer):
@@ -120,7 +123,8 @@ def test_walbuf_cron_logs_an_unreachable_postgresql_server_as_will_retry_and_exi
 def test_an_error_quoting_a_message_of_several_lines_is_one_line(tmp_path, unused_port):
     proc = subprocess.run(
         [sys.executable, "-m", "walbuf", "status", f"postgresql+psycopg://walbuf@127.0.0.1:{unused_port}/walbuf"],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 69
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("walbuf: error: cannot reach"), proc.stderr

@@ -37,12 +37,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import as_reader
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from wandb_server import FakeWandb
 
 import walbuf
-from wandb_server import FakeWandb
-from conftest import as_reader
 
 pytestmark = pytest.mark.slow  # real processes and syncs: not in the quick loop
 
@@ -262,25 +262,21 @@ def test_concurrent_writers_killed_at_different_points_keep_every_acknowledged_r
     """
 
     @settings(max_examples=15, deadline=None)
-    @given(
-        writers=st.lists(
-            st.tuples(st.integers(min_value=0, max_value=30), kill_at, pad), min_size=2, max_size=3
-        )
-    )
+    @given(writers=st.lists(st.tuples(st.integers(min_value=0, max_value=30), kill_at, pad), min_size=2, max_size=3))
     # Always: a new buffer the processes create together, one killed while it does.
     @example(writers=[(0, 0, 0), (0, 200, 100), (0, 400, 2000)])
     def concurrent_writers(writers):
         buffer = tmp_path_factory.mktemp("writers-kill") / "b.db"
         names = [f"w{i}" for i in range(len(writers))]
-        for name, (earlier, _, _) in zip(names, writers):
+        for name, (earlier, _, _) in zip(names, writers, strict=False):
             if earlier:
                 with walbuf.Writer(buffer, writer=name, run=RUN) as w:
                     for i in range(earlier):
                         w.log({"seq": i, "pad": ""})
-        victims = kill_writers(buffer, [(name, at, size) for name, (_, at, size) in zip(names, writers)])
+        victims = kill_writers(buffer, [(name, at, size) for name, (_, at, size) in zip(names, writers, strict=False)])
         counts = {
             v.writer: check_survivor(buffer, v, before=earlier, tally=tally)
-            for v, (earlier, _, _) in zip(victims, writers)
+            for v, (earlier, _, _) in zip(victims, writers, strict=False)
         }
         if buffer.exists():
             assert integrity(buffer) == [("ok",)]
@@ -503,7 +499,7 @@ def test_syncer_killed_at_any_point_then_a_normal_sync_delivers_every_record_in_
     def killed_syncs(records, kills, appended):
         buffer = tmp_path_factory.mktemp("syncer-kill") / "b.db"
         writers = [f"rank-{i}" for i in range(len(records))]
-        for writer, n in zip(writers, records):
+        for writer, n in zip(writers, records, strict=False):
             log_records(buffer, writer, n)
         with LossyWandb() as server:
             for point in kills:
@@ -611,9 +607,7 @@ def test_the_reader_process_cannot_write_in_the_buffers_directory(tmp_path):
         assert not probe.exists()
 
 
-@pytest.mark.parametrize(
-    "state", ["closed", "open elsewhere"]
-)
+@pytest.mark.parametrize("state", ["closed", "open elsewhere"])
 def test_records_of_a_buffer_the_user_may_only_read_are_printed(tmp_path, state):
     with read_only_buffer(tmp_path, state) as ro:
         proc = run_as_reader("-m", "walbuf", "records", str(ro.path))
@@ -622,9 +616,7 @@ def test_records_of_a_buffer_the_user_may_only_read_are_printed(tmp_path, state)
         assert [json.loads(line) for line in proc.stdout.splitlines()] == ro.records
 
 
-@pytest.mark.parametrize(
-    "state", ["closed", "open elsewhere"]
-)
+@pytest.mark.parametrize("state", ["closed", "open elsewhere"])
 def test_status_of_a_buffer_the_user_may_only_read_is_shown(tmp_path, state):
     with read_only_buffer(tmp_path, state) as ro:
         proc = run_as_reader("-m", "walbuf", "status", str(ro.path), "--json")

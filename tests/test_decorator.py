@@ -5,10 +5,10 @@ from __future__ import annotations
 import pickle
 
 import pytest
-
-import walbuf
 import workers
 from conftest import record_count, walbuf_says
+
+import walbuf
 
 pytestmark = pytest.mark.backends("sqlite", "postgresql")
 

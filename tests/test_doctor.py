@@ -6,11 +6,11 @@ import sqlite3
 
 import pytest
 from click.testing import CliRunner
+from conftest import run_sql
 
 import walbuf
-from walbuf.cli import main
-from conftest import run_sql
 from walbuf import doctor
+from walbuf.cli import main
 
 pytestmark = pytest.mark.backends("sqlite", "postgresql")
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import multiprocessing as mp
 
 import pytest
-
-import walbuf
 import workers
 from conftest import by_writer
+
+import walbuf
 
 pytestmark = pytest.mark.backends("sqlite", "postgresql")
 

@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import run_sync, wandb_cores
 
 pytestmark = [pytest.mark.backends("sqlite"), pytest.mark.slow]
@@ -25,14 +24,19 @@ TESTS = Path(__file__).parent
 def start_follow(server, buffer, *args):
     return subprocess.Popen(
         [sys.executable, "-m", "walbuf", "sync", str(buffer), "--follow", "--interval", "0.5", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **server.env()},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **server.env()},
     )
 
 
 def start_writer(buffer, writer="w"):
     return subprocess.Popen(
         [sys.executable, str(TESTS / "stdin_writer.py"), str(buffer), writer, "exp"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -130,10 +134,11 @@ def test_follow_takes_no_bounds_or_offline_mode(server, buffer):
     for args in (["--max-seconds", "5"], ["--mode", "offline"], ["--dry-run"]):
         proc = subprocess.run(
             [sys.executable, "-m", "walbuf", "sync", str(buffer), "--follow", *args],
-            capture_output=True, text=True, env={**os.environ, **server.env()},
+            capture_output=True,
+            text=True,
+            env={**os.environ, **server.env()},
         )
         assert proc.returncode == 2 and "--follow" in proc.stderr
-
 
 
 def test_a_follow_restarts_wandbs_service_after_every_renew_every_uploads(in_process, buffer):

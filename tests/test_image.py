@@ -16,12 +16,12 @@ import numpy as np
 import PIL.Image
 import pytest
 import torch
+from conftest import run_sync
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import walbuf
-from conftest import run_sync
 from walbuf import Image, MetricTypeError, MetricValueError
 from walbuf.directory.layout import ENV_HOST
 
@@ -187,7 +187,13 @@ def test_a_stored_image_pillow_cannot_read_is_quarantined_and_the_rest_arrive(in
     with walbuf.Writer(buffer, writer="w", run="r") as w:
         w.log({"loss": 1.0})
         # What an older walbuf, or a damaged disk, could leave: a PNG header over garbage.
-        w.log({"sample": Image.from_png(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x02\x00\x00\x00\x02" + b"x" * 40)})
+        w.log(
+            {
+                "sample": Image.from_png(
+                    b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x02\x00\x00\x00\x02" + b"x" * 40
+                )
+            }
+        )
         w.log({"loss": 0.5})
     result = walbuf.sync(buffer)
     (quarantined,) = result.runs[0].quarantined
@@ -212,7 +218,9 @@ def test_an_image_logged_into_a_directory_buffer_arrives_from_a_sync_on_another_
     image = Image(np.random.default_rng(4).integers(0, 256, size=(8, 8, 3), dtype=np.uint8))
     proc = subprocess.run(
         [sys.executable, "-c", WRITE_ON_A_NODE, directory, base64.b64encode(image.png).decode()],
-        env={**os.environ, ENV_HOST: "node1"}, capture_output=True, text=True,
+        env={**os.environ, ENV_HOST: "node1"},
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 0, proc.stderr
     assert run_sync(server, directory, env={ENV_HOST: "login"}).returncode == 0

@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_sql
 
 import walbuf
 import walbuf.store.postgresql as postgresql
-from conftest import run_sql
 from walbuf.store.storage import writer_lock_name
 
 pytestmark = pytest.mark.backends("postgresql")
@@ -48,7 +48,9 @@ def test_open_writers_that_outnumber_the_servers_connections_all_log(limited_dat
 def test_a_writer_killed_on_this_host_leaves_its_id_free_at_once(buffer):
     job = subprocess.Popen(
         [sys.executable, str(Path(__file__).parent / "stdin_writer.py"), buffer, "w", "r"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     job.stdin.write("1\n")
     job.stdin.flush()

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
-import walbuf
 from conftest import rows_of, run_sql, run_sync
 from pytorch_lightning.loggers.logger import DummyExperiment
+
+import walbuf
 from walbuf.integrations.lightning import WalbufLogger
 
 pytestmark = pytest.mark.slow  # real processes and syncs: not in the quick loop
@@ -27,10 +27,14 @@ def example(buffer, strategy, *options):
     """The example, in processes of its own: each process's report (whether it imported wandb, its experiment)."""
     proc = subprocess.run(
         [sys.executable, str(EXAMPLE), str(buffer), "--strategy", strategy, *options],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return {r["process"]: r for r in map(json.loads, (line for line in proc.stdout.splitlines() if line.startswith("{")))}
+    return {
+        r["process"]: r for r in map(json.loads, (line for line in proc.stdout.splitlines() if line.startswith("{")))
+    }
 
 
 def train(buffer, strategy):
@@ -50,7 +54,11 @@ def test_both_ranks_metrics_and_the_hyperparameters_arrive_once(server, tmp_path
     assert proc.returncode == 0, proc.stderr
     fake_run = the_run(server)
     for rank in (0, 1):
-        steps = [step for step, metrics in rows_of(fake_run, f"rank-{rank}", axis="trainer/global_step") if "train/loss" in metrics]
+        steps = [
+            step
+            for step, metrics in rows_of(fake_run, f"rank-{rank}", axis="trainer/global_step")
+            if "train/loss" in metrics
+        ]
         assert steps == list(range(STEPS_PER_RANK))
     assert len(fake_run.history) == 2 * STEPS_PER_RANK
     config = {k: v["value"] for k, v in fake_run.config.items() if k != "_wandb"}
@@ -93,7 +101,9 @@ def test_hyperparameters_walbuf_cannot_store_are_kept_as_text(tmp_path):
 
 
 def test_importing_walbuf_imports_neither_lightning_nor_torch():
-    code = "import sys, walbuf; print(sorted(m for m in ('torch', 'pytorch_lightning', 'lightning') if m in sys.modules))"
+    code = (
+        "import sys, walbuf; print(sorted(m for m in ('torch', 'pytorch_lightning', 'lightning') if m in sys.modules))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == "[]"
 
@@ -105,8 +115,15 @@ def trainer_for(logger, tmp_path, **options):
     from pytorch_lightning import Trainer
 
     settings = dict(
-        max_epochs=1, limit_train_batches=1, limit_val_batches=1, log_every_n_steps=1, default_root_dir=tmp_path,
-        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1,
+        max_epochs=1,
+        limit_train_batches=1,
+        limit_val_batches=1,
+        log_every_n_steps=1,
+        default_root_dir=tmp_path,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
     )
     return Trainer(logger=logger, **{**settings, **options})
 
@@ -150,7 +167,11 @@ def test_fit_then_test_keep_the_steps_lightning_hands_the_logger(tmp_path):
     trainer = trainer_for(logger, tmp_path)
     trainer.fit(Model())
     trainer.test(Model(), verbose=False)
-    expected = [(0, ["epoch", "train_some_val"]), (0, ["early_stop_on", "epoch", "val_loss"]), (1, ["epoch", "test_loss"])]
+    expected = [
+        (0, ["epoch", "train_some_val"]),
+        (0, ["early_stop_on", "epoch", "val_loss"]),
+        (1, ["epoch", "test_loss"]),
+    ]
     assert [(step, sorted(metrics)) for step, metrics in logger.history] == expected
     assert axis_and_keys(tmp_path / "b.db") == expected
 
@@ -219,11 +240,18 @@ def test_what_walbuf_cannot_store_is_stored_as_wandb_logger_stores_it_or_left_ou
     logger = WalbufLogger(tmp_path / "b.db")
     with pytest.warns(UserWarning, match=re.escape("'bad\\nkey' was left out")):
         logger.log_metrics(
-            {"per_class": torch.tensor([0.5, 0.25]), "weights": torch.zeros(40), "when": np.datetime64("2026-01-02"),
-             "bad\nkey": 1.0, "loss": 0.5},
+            {
+                "per_class": torch.tensor([0.5, 0.25]),
+                "weights": torch.zeros(40),
+                "when": np.datetime64("2026-01-02"),
+                "bad\nkey": 1.0,
+                "loss": 0.5,
+            },
             step=1,
         )
-    logger.log_hyperparams({"complex": np.complex128(1 + 2j), "date": np.datetime64("2026-01-02"), "raw": np.bytes_(b"x")})
+    logger.log_hyperparams(
+        {"complex": np.complex128(1 + 2j), "date": np.datetime64("2026-01-02"), "raw": np.bytes_(b"x")}
+    )
     logger.finalize("success")
     (record,) = walbuf.read(tmp_path / "b.db")
     assert record.metrics["per_class"] == [0.5, 0.25] and record.metrics["when"] == "2026-01-02"
@@ -243,7 +271,8 @@ def test_log_image_logs_walbuf_images_with_their_captions(tmp_path):
     logger.finalize("success")
     first, second = walbuf.read(tmp_path / "b.db")
     assert {k: (v.width, v.height, v.caption) for k, v in first.metrics.items() if k != "trainer/global_step"} == {
-        "samples/0": (5, 4, "a"), "samples/1": (5, 4, "b")
+        "samples/0": (5, 4, "a"),
+        "samples/1": (5, 4, "b"),
     }
     assert isinstance(second.metrics["one"], walbuf.Image) and first.metrics["trainer/global_step"] == 2
 
@@ -277,10 +306,13 @@ def test_lightning_cli_fits_with_the_logger_and_saves_its_config(tmp_path):
         BoringDataModule,
         args=[
             "fit",
-            "--trainer.max_steps=2", "--trainer.limit_val_batches=1", "--trainer.log_every_n_steps=1",
+            "--trainer.max_steps=2",
+            "--trainer.limit_val_batches=1",
+            "--trainer.log_every_n_steps=1",
             "--trainer.enable_progress_bar=false",
             "--trainer.logger=walbuf.integrations.lightning.WalbufLogger",
-            f"--trainer.logger.buffer={tmp_path / 'b.db'}", f"--trainer.logger.save_dir={tmp_path / 'out'}",
+            f"--trainer.logger.buffer={tmp_path / 'b.db'}",
+            f"--trainer.logger.save_dir={tmp_path / 'out'}",
         ],
     )
     assert (tmp_path / "out" / "config.yaml").exists()
@@ -293,7 +325,10 @@ def test_the_logger_used_in_the_launcher_before_ddp_spawn_hands_its_writer_to_ra
     reports = example(buffer, "ddp_spawn", "--log-first")
     assert set(reports) == {"launcher", "rank-0", "rank-1"}
     assert {r.writer for r in walbuf.read(buffer)} == {"rank-0", "rank-1"}
-    assert [r.metrics for r in walbuf.read(buffer, writer="rank-0")][0] == {"launcher/ready": 1, "trainer/global_step": 0}
+    assert [r.metrics for r in walbuf.read(buffer, writer="rank-0")][0] == {
+        "launcher/ready": 1,
+        "trainer/global_step": 0,
+    }
 
 
 def test_with_rank_zero_only_other_ranks_get_lightnings_dummy_experiment(tmp_path):

@@ -14,9 +14,9 @@ import sys
 
 import pytest
 import sqlalchemy as sa
+from conftest import buffer_exists, buffer_url, record_count, run_sql
 
 import walbuf
-from conftest import buffer_exists, buffer_url, record_count, run_sql
 from walbuf.directory.layout import ENV_HOST
 from walbuf.store import schema
 
@@ -52,9 +52,10 @@ def test_prefix_empty_sends_keys_and_step_axis_as_logged(in_process, buffer):
 
 
 def test_writers_with_one_prefix_and_axis_make_one_curve_with_one_definition(in_process, buffer):
-    with walbuf.Writer(buffer, writer="eval-1", prefix="eval", step_axis="epoch") as a, walbuf.Writer(
-        buffer, writer="eval-2", prefix="eval", step_axis="epoch"
-    ) as b:
+    with (
+        walbuf.Writer(buffer, writer="eval-1", prefix="eval", step_axis="epoch") as a,
+        walbuf.Writer(buffer, writer="eval-2", prefix="eval", step_axis="epoch") as b,
+    ):
         a.log({"accuracy": 0.5}, step=0)
         b.log({"accuracy": 0.7}, step=1)
     fake = synced_run(in_process, buffer)
@@ -98,9 +99,10 @@ def test_a_writer_reopened_with_another_prefix_is_refused(buffer):
 
 @pytest.mark.backends("sqlite", "postgresql")
 def test_two_writers_putting_one_key_on_two_axes_are_refused_at_log_naming_the_other(buffer):
-    with walbuf.Writer(buffer, writer="train", prefix="", step_axis="train_step") as train, walbuf.Writer(
-        buffer, writer="eval", prefix="", step_axis="eval_step"
-    ) as evaluation:
+    with (
+        walbuf.Writer(buffer, writer="train", prefix="", step_axis="train_step") as train,
+        walbuf.Writer(buffer, writer="eval", prefix="", step_axis="eval_step") as evaluation,
+    ):
         train.log({"loss": 1.0})
         with pytest.raises(walbuf.KeyConflictError, match=r"'loss'.*'train'.*prefix"):
             evaluation.log({"loss": 2.0, "accuracy": 0.5})
@@ -112,9 +114,10 @@ def test_two_writers_putting_one_key_on_two_axes_are_refused_at_log_naming_the_o
 
 
 def test_a_metric_named_like_another_writers_step_axis_is_refused(buffer):
-    with walbuf.Writer(buffer, writer="train", prefix="", step_axis="train_step") as train, walbuf.Writer(
-        buffer, writer="other", prefix=""
-    ) as other:
+    with (
+        walbuf.Writer(buffer, writer="train", prefix="", step_axis="train_step") as train,
+        walbuf.Writer(buffer, writer="other", prefix="") as other,
+    ):
         train.log({"loss": 1.0})
         with pytest.raises(walbuf.KeyConflictError, match="step axis of writer 'train'"):
             other.log({"train_step": 3})

@@ -13,10 +13,10 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
-
-import walbuf
 import workers
 from conftest import by_writer
+
+import walbuf
 
 pytestmark = [pytest.mark.backends("sqlite", "postgresql"), pytest.mark.slow]
 
@@ -176,7 +176,8 @@ def test_writer_id_of_a_killed_process_is_free_and_continues_its_steps(buffer):
 @pytest.mark.parametrize("attempt", range(5))
 def test_pool_workers_creating_a_new_buffer_at_once_never_see_locked(buffer, attempt):
     ctx = mp.get_context("fork")
-    with ProcessPoolExecutor(max_workers=4, mp_context=ctx, initializer=workers.set_env,
-                             initargs=("WALBUF_BUFFER", str(buffer))) as pool:
+    with ProcessPoolExecutor(
+        max_workers=4, mp_context=ctx, initializer=workers.set_env, initargs=("WALBUF_BUFFER", str(buffer))
+    ) as pool:
         list(pool.map(workers.evaluate, range(8)))
     assert len(list(walbuf.read(buffer))) == 8

@@ -6,10 +6,10 @@ import sqlite3
 
 import pytest
 from click.testing import CliRunner
+from conftest import run_sql
 
 import walbuf
 from walbuf.cli import main
-from conftest import run_sql
 from walbuf.ops import parse_age, prune
 
 pytestmark = pytest.mark.backends("sqlite", "postgresql")
@@ -44,9 +44,11 @@ def test_unsynced_records_are_never_deleted(buffer):
 def test_a_prune_of_many_batches_deletes_exactly_each_writers_synced_records(buffer):
     # Three writers' records interleaved, over several of prune's transactions
     # (PRUNE_BATCH each), each writer synced to another point.
-    with walbuf.Writer(buffer, writer="a", run="r") as a, walbuf.Writer(buffer, writer="b", run="r") as b, walbuf.Writer(
-        buffer, writer="c", run="r"
-    ) as c:
+    with (
+        walbuf.Writer(buffer, writer="a", run="r") as a,
+        walbuf.Writer(buffer, writer="b", run="r") as b,
+        walbuf.Writer(buffer, writer="c", run="r") as c,
+    ):
         for i in range(1200):
             for w in (a, b, c):
                 w.log({"i": i})

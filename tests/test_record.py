@@ -10,11 +10,11 @@ from collections import OrderedDict
 
 import numpy as np
 import pytest
-
-import walbuf
 from conftest import fresh_buffer, record_count, run_sql, same_metrics, same_value
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+import walbuf
 from walbuf.record import MAX_DEPTH, MAX_VALUE_BYTES
 
 ROUND_TRIP = {
@@ -257,7 +257,8 @@ WANDB_WOULD_REFUSE = {
     "nested 1,000 deep": (nested(1000), "nested more than"),
     "a dict that contains itself": (self_containing(), "nested more than"),
     "record over the history line limit": (
-        {f"v{i}": "x" * MAX_VALUE_BYTES for i in range(11)}, "as a W&B history line, over W&B's limit"
+        {f"v{i}": "x" * MAX_VALUE_BYTES for i in range(11)},
+        "as a W&B history line, over W&B's limit",
     ),
 }
 

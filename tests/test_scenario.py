@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import rows_of, run_sync
 
 pytestmark = [pytest.mark.backends("sqlite", "postgresql"), pytest.mark.slow]

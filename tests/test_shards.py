@@ -7,6 +7,7 @@ about uploads is on what the fake received.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -15,14 +16,13 @@ import sqlite3
 import subprocess
 import sys
 import threading
-import contextlib
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from conftest import as_reader, rows_of, run_sync, walbuf_says
 
 import walbuf
-from conftest import as_reader, rows_of, run_sync, walbuf_says
 from walbuf import doctor, prune
 from walbuf.directory.layout import ENV_HOST, ENV_ROTATE, Layout
 from walbuf.directory.lease import in_use
@@ -69,7 +69,9 @@ def sync_on(server, host, directory, *args, quiet=True):
 def status_on(host, directory):
     proc = subprocess.run(
         [sys.executable, "-m", "walbuf", "status", directory, "--json"],
-        capture_output=True, text=True, env={**os.environ, ENV_HOST: host},
+        capture_output=True,
+        text=True,
+        env={**os.environ, ENV_HOST: host},
     )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
@@ -207,9 +209,7 @@ def test_writer_processes_on_several_hosts_all_arrive_once_in_order(server, dire
         "for i in range(40): w.log({'i': i})\n"
     )  # no close(): atexit closes the writer, and that seals the shard
     procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", code, directory, f"rank-{n}"], env={**os.environ, ENV_HOST: f"node{n}"}
-        )
+        subprocess.Popen([sys.executable, "-c", code, directory, f"rank-{n}"], env={**os.environ, ENV_HOST: f"node{n}"})
         for n in range(3)
     ]
     assert [p.wait(timeout=60) for p in procs] == [0, 0, 0]
@@ -225,7 +225,9 @@ def test_writer_processes_on_several_hosts_all_arrive_once_in_order(server, dire
 def test_a_killed_writers_shard_is_sealed_and_sent_by_a_sync_on_another_host(server, directory):
     victim = subprocess.Popen(
         [sys.executable, str(TESTS / "writer_loop.py"), directory],
-        stdout=subprocess.PIPE, text=True, env={**os.environ, ENV_HOST: "k"},
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, ENV_HOST: "k"},
     )
     assert victim.stdout.readline().strip() == "ready"
     acknowledged = [int(victim.stdout.readline()) for _ in range(25)]
@@ -241,7 +243,9 @@ def test_a_killed_writers_shard_is_sealed_and_sent_by_a_sync_on_another_host(ser
 def test_doctor_says_a_dead_writers_shard_needs_a_sync_from_any_host(directory):
     victim = subprocess.Popen(
         [sys.executable, str(TESTS / "writer_loop.py"), directory],
-        stdout=subprocess.PIPE, text=True, env={**os.environ, ENV_HOST: "k"},
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, ENV_HOST: "k"},
     )
     assert victim.stdout.readline().strip() == "ready"
     victim.stdout.readline()
@@ -287,7 +291,9 @@ def test_an_ingest_cut_off_by_a_write_error_copies_nothing_twice(server, directo
     # (~330 KB in the hub) commits, the second fails half-written.
     limit = (Path(directory) / "hub.db").stat().st_size + 500_000
     proc = run_sync(
-        server, directory, env={ENV_HOST: "s"},
+        server,
+        directory,
+        env={ENV_HOST: "s"},
         prefix=[sys.executable, str(TESTS / "file_size_limit.py"), str(limit)],
     )
     assert proc.returncode not in (0, 75), proc.stderr
@@ -319,7 +325,10 @@ def host_writer(directory, host, writer, n, then, *, env=None, stderr=None):
     """A writer process on ``host`` that has logged ``n`` records (see host_writer.py)."""
     proc = subprocess.Popen(
         [sys.executable, str(TESTS / "host_writer.py"), directory, writer, str(n), then],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
         env={**os.environ, ENV_HOST: host, **(env or {})},
     )
     assert proc.stdout.readline().strip() == f"logged {n}"
@@ -357,9 +366,7 @@ def test_a_writer_that_stays_open_and_idle_lets_go_of_its_shard_and_a_sync_on_an
     assert steps_of(the_run(server), "rc") == list(range(300))
 
 
-def test_an_idle_writer_that_logs_again_continues_in_a_new_shard_and_its_close_is_noted(
-    server, directory, monkeypatch
-):
+def test_an_idle_writer_that_logs_again_continues_in_a_new_shard_and_its_close_is_noted(server, directory, monkeypatch):
     with on_host("c"), walbuf_says("let go of its shard") as let_go:
         monkeypatch.setenv(ENV_ROTATE, "1")
         w = walbuf.Writer(directory, writer="rc", run="exp")
@@ -382,8 +389,12 @@ def test_an_idle_writer_that_logs_again_continues_in_a_new_shard_and_its_close_i
 def test_a_fork_waits_while_the_expiry_thread_lets_go_of_a_shard_and_the_child_logs_and_exits(directory):
     proc = subprocess.Popen(
         [sys.executable, str(TESTS / "fork_while_letting_go.py"), directory],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, ENV_HOST: "f", ENV_ROTATE: "1"}, start_new_session=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, ENV_HOST: "f", ENV_ROTATE: "1"},
+        start_new_session=True,
     )
     # Only a failing test waits for it: it ends the process and a child it forked (which may hang).
     watchdog = threading.Timer(120, os.killpg, (proc.pid, signal.SIGKILL))
@@ -437,7 +448,9 @@ def test_a_syncer_killed_while_sealing_another_hosts_shard_then_a_sync_delivers_
     preempted.wait()
     syncer = subprocess.Popen(
         [sys.executable, "-m", "walbuf", "sync", directory],
-        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
         env={**os.environ, **server.env(), ENV_HOST: "login"},
     )
     for line in syncer.stderr:
@@ -480,7 +493,9 @@ def test_a_shard_that_cannot_be_read_fails_the_sync_and_waits_for_the_next(serve
     path.chmod(0)  # an injected I/O error: the file cannot be opened
     proc = subprocess.run(
         as_reader([sys.executable, "-m", "walbuf", "sync", directory, "--quiet"]),
-        capture_output=True, text=True, env={**os.environ, **server.env(), ENV_HOST: "login"},
+        capture_output=True,
+        text=True,
+        env={**os.environ, **server.env(), ENV_HOST: "login"},
     )
     assert proc.returncode == 1 and "could not be read" in proc.stderr, proc.stderr
     assert files(directory, "sealed") == [unreadable]  # neither ingested nor set aside
@@ -505,11 +520,15 @@ def test_prune_checks_again_before_it_deletes_an_ingested_shard(server, director
     assert steps_of(the_run(server), "rb") == [0, 1, 2]
 
 
-def test_syncs_while_writers_move_to_new_shards_20_times_a_second_all_succeed_and_deliver_each_record_once(server, directory):
+def test_syncs_while_writers_move_to_new_shards_20_times_a_second_all_succeed_and_deliver_each_record_once(
+    server, directory
+):
     writers = [
         subprocess.Popen(
             [sys.executable, str(TESTS / "rotating_writer.py"), directory, f"w{i}"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
             env={**os.environ, ENV_HOST: "h", ENV_ROTATE: "0.05"},
         )
         for i in range(2)
@@ -533,6 +552,6 @@ def test_a_writer_that_failed_on_another_host_finishes_the_run_as_failed(server,
     log_on("a", directory, "ra", 2)
     with pytest.raises(ZeroDivisionError), on_host("b"), walbuf.Writer(directory, writer="rb", run="exp") as w:
         w.log({"i": 0})
-        1 / 0
+        raise ZeroDivisionError("the training step failed")
     assert sync_on(server, "a", directory).returncode == 0  # b's shard was sealed when rb closed
     assert (the_run(server).complete, the_run(server).exit_code) == (True, 1)

@@ -24,9 +24,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from conftest import rows_of, run_sync
 
 import walbuf
-from conftest import run_sync, rows_of
 
 pytestmark = pytest.mark.slow  # real processes, a second account
 
@@ -58,7 +58,10 @@ def log(buffer, writer="trainer", n=3, run="exp", **settings):
 def walbuf_command(*args, env=None, timeout=120):
     return subprocess.run(
         [sys.executable, "-m", "walbuf", *map(str, args)],
-        capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -66,7 +69,10 @@ def cron(server, buffer):
     """walbuf-cron, as cron runs it (its full path, cron's bare PATH)."""
     command = Path(sys.executable).parent / "walbuf-cron"
     return subprocess.run(
-        [str(command), str(buffer)], capture_output=True, text=True, timeout=120,
+        [str(command), str(buffer)],
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"), "WALBUF_HOST": HOST, **server.env()},
     )
 
@@ -216,8 +222,9 @@ def test_a_shard_name_with_shell_commands_is_reported_and_nothing_is_written_thr
     log(str(buffer) + "/")
     (buffer / "quarantine").mkdir()
     name = "x\n;touch walbuf-pwned\n.1"
-    with opened_to_the_group(buffer, buffer / "sealed", cotenant), opened_to_the_group(
-        buffer, buffer / "quarantine", cotenant
+    with (
+        opened_to_the_group(buffer, buffer / "sealed", cotenant),
+        opened_to_the_group(buffer, buffer / "quarantine", cotenant),
     ):
         plant(
             cotenant,
@@ -305,12 +312,8 @@ def test_a_shard_of_another_account_is_never_sent_and_is_reported(server, shared
     assert not any("injected/loss" in row for row in fake_run.history)
 
 
-@pytest.mark.parametrize(
-    "project, reason", [("theirs", "another W&B target"), ("a/b", "W&B refuses any of")]
-)
-def test_a_shard_naming_another_target_is_set_aside_and_the_other_records_go_on(
-    server, tmp_path, project, reason
-):
+@pytest.mark.parametrize("project, reason", [("theirs", "another W&B target"), ("a/b", "W&B refuses any of")])
+def test_a_shard_naming_another_target_is_set_aside_and_the_other_records_go_on(server, tmp_path, project, reason):
     buffer = tmp_path / "exp"
     log(str(buffer) + "/", project="mine")
     assert run_sync(server, buffer).returncode == 0
@@ -341,9 +344,7 @@ def test_a_hub_holding_a_trigger_is_refused_before_the_trigger_can_run(server, t
     log(str(buffer) + "/", project="mine")
     assert run_sync(server, buffer).returncode == 0
     with sqlite3.connect(buffer / "hub.db") as conn:
-        conn.execute(
-            "CREATE TRIGGER steal AFTER INSERT ON records BEGIN UPDATE runs SET project = 'theirs'; END"
-        )
+        conn.execute("CREATE TRIGGER steal AFTER INSERT ON records BEGIN UPDATE runs SET project = 'theirs'; END")
     conn.close()
     log(str(buffer) + "/", n=2)
     proc = run_sync(server, buffer)
@@ -467,7 +468,9 @@ def test_a_lock_file_of_another_account_fails_the_cron_naming_it(server, shared_
         plant(cotenant, f"touch {buffer}/locks/sync.lock")
     holder = subprocess.Popen(
         cotenant.command(["flock", str(buffer / "locks" / "sync.lock"), "-c", "echo held; read x"]),
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout.readline() == "held\n"
@@ -571,7 +574,10 @@ def test_the_cron_line_never_shows_a_database_password(tmp_path):
     command = Path(sys.executable).parent / "walbuf-cron"
     proc = subprocess.run(
         [str(command), "postgresql+psycopg://walbuf:s3cret-password@127.0.0.1:1/walbuf"],
-        capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
     )
     assert "will retry" in proc.stdout, proc.stdout + proc.stderr
     assert "s3cret-password" not in proc.stdout + proc.stderr and "***" in proc.stdout
@@ -717,7 +723,10 @@ def test_a_sync_stopped_by_sigterm_while_it_takes_in_a_shard_exits_143_and_the_n
     big_shard(buffer, 20_000)
     syncer = subprocess.Popen(
         [sys.executable, "-m", "walbuf", "sync", str(buffer)],
-        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env={**os.environ, **server.env()},
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, **server.env()},
     )
     for line in syncer.stderr:
         if "taking in shard" in line:

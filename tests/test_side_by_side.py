@@ -37,7 +37,11 @@ def run_job(framework: str, logger: str, workdir: Path, env: dict[str, str]) -> 
     for phase in (1, 2):
         proc = subprocess.run(
             [sys.executable, str(JOB), framework, logger, str(phase), str(workdir)],
-            cwd=workdir, capture_output=True, text=True, timeout=300, env=env,
+            cwd=workdir,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
 
@@ -57,7 +61,10 @@ def by_wandb(server, framework: str, tmp_path: Path) -> list:
     sync = Path(sys.executable).parent / "wandb"
     for directory in offline:
         proc = subprocess.run(
-            [str(sync), "sync", str(directory)], capture_output=True, text=True, timeout=300,
+            [str(sync), "sync", str(directory)],
+            capture_output=True,
+            text=True,
+            timeout=300,
             env={**env, **server.env(), "WANDB_MODE": "online"},
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -73,7 +80,10 @@ def by_walbuf(server, framework: str, tmp_path: Path):
     run_job(framework, "walbuf", workdir, env)
     proc = subprocess.run(
         [sys.executable, "-m", "walbuf", "sync", str(workdir / "buffer.db"), "--quiet", "--project", "side-by-side"],
-        capture_output=True, text=True, timeout=300, env={**env, **server.env()},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**env, **server.env()},
     )
     assert proc.returncode == 0, proc.stderr
     (run,) = server.runs.values()
@@ -90,7 +100,8 @@ def config_of(run) -> dict:
 
 
 @pytest.mark.parametrize(
-    "framework, axis", [("transformers", "train/global_step"), ("lightning", "trainer/global_step"), ("accelerate", None)]
+    "framework, axis",
+    [("transformers", "train/global_step"), ("lightning", "trainer/global_step"), ("accelerate", None)],
 )
 def test_a_resumed_job_with_a_list_metric_ends_as_w_and_bs_own_integration_leaves_it(server, tmp_path, framework, axis):
     first, resumed = by_wandb(server, framework, tmp_path)
@@ -98,7 +109,8 @@ def test_a_resumed_job_with_a_list_metric_ends_as_w_and_bs_own_integration_leave
     theirs = [comparable(row) for row in first.history + resumed.history]
     rows = [comparable(row) for row in ours.history]
     if axis is None:  # W&B's tracker logs at W&B's own step; walbuf's at its step axis, "step"
-        theirs = [{**row, "step": step["_step"]} for row, step in zip(theirs, first.history + resumed.history)]
+        steps = first.history + resumed.history
+        theirs = [{**row, "step": step["_step"]} for row, step in zip(theirs, steps, strict=True)]
     assert rows == theirs
     assert any(isinstance(v, list) for row in rows for v in row.values())  # the list metric, as W&B keeps it
     keys = set().union(*rows) - {axis or "step"}

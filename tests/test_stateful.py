@@ -8,12 +8,12 @@ copies, never remove one).
 from __future__ import annotations
 
 import pytest
+from conftest import fresh_buffer
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
 import walbuf
-from conftest import fresh_buffer
 from walbuf.syncer import wandb_run as wandb_adapter
 
 pytestmark = [pytest.mark.backends("sqlite", "postgresql"), pytest.mark.slow]
@@ -118,7 +118,9 @@ def test_sync_state_machine(wandb_session_server, backend, tmp_path, monkeypatch
     run_state_machine_as_test(
         SyncMachine,
         settings=settings(
-            max_examples=20, stateful_step_count=10, deadline=None,
+            max_examples=20,
+            stateful_step_count=10,
+            deadline=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
         ),
     )

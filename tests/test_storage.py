@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
+from alembic.config import Config
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from alembic.config import Config
+from conftest import buffer_exists, buffer_url, run_sql
 
 import walbuf
 import walbuf.migrations
-from conftest import buffer_exists, buffer_url, run_sql
 from walbuf.store import schema
 
 pytestmark = pytest.mark.backends("sqlite", "postgresql")
@@ -100,10 +100,15 @@ def test_unreachable_server_is_its_own_error():
 def test_a_writer_the_server_has_no_connection_for_waits_for_one_and_logs(limited_database):
     import psycopg
 
-    held = [psycopg.connect(limited_database.replace("+psycopg", "")) for _ in range(2)]  # every connection the role may have
+    held = [
+        psycopg.connect(limited_database.replace("+psycopg", "")) for _ in range(2)
+    ]  # every connection the role may have
     job = subprocess.Popen(
         [sys.executable, str(Path(__file__).parent / "stdin_writer.py"), limited_database, "w", "r"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     line = job.stderr.readline()
     assert "the server has no connection to spare" in line and "too many connections" in line, line + job.stderr.read()

@@ -16,9 +16,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from conftest import rows_of, run_sql, run_sync
 
 import walbuf
-from conftest import rows_of, run_sql, run_sync
 from walbuf.syncer.upload import READ_CHUNK
 
 pytestmark = [pytest.mark.backends("sqlite", "postgresql"), pytest.mark.slow]
@@ -89,7 +89,9 @@ def test_a_later_sync_declares_the_metrics_of_earlier_ones_again(server, buffer)
         w.log({"acc": 0.5})
     assert run_sync(server, buffer).returncode == 0
     fake_run = the_run(server, buffer)
-    assert fake_run.step_metric_of("rank-0/loss") == "rank-0/step" and fake_run.step_metric_of("eval/acc") == "eval/step"
+    assert (
+        fake_run.step_metric_of("rank-0/loss") == "rank-0/step" and fake_run.step_metric_of("eval/acc") == "eval/step"
+    )
 
 
 def test_dots_in_writer_ids_and_keys_are_literal_in_metric_definitions(server, buffer):
@@ -105,7 +107,17 @@ def test_dots_in_writer_ids_and_keys_are_literal_in_metric_definitions(server, b
 
 def test_values_of_every_kind_arrive(server, buffer):
     with walbuf.Writer(buffer, writer="w", run="exp1") as w:
-        w.log({"int": 3, "float": 0.25, "nan": float("nan"), "inf": float("inf"), "flag": True, "text": "hi", "none": None})
+        w.log(
+            {
+                "int": 3,
+                "float": 0.25,
+                "nan": float("nan"),
+                "inf": float("inf"),
+                "flag": True,
+                "text": "hi",
+                "none": None,
+            }
+        )
     assert run_sync(server, buffer).returncode == 0
     ((step, metrics),) = rows_of(the_run(server, buffer), "w")
     assert step == 0
@@ -335,7 +347,11 @@ def test_a_quiet_sync_prints_nothing_and_leaves_no_files_behind(server, buffer, 
     del env["WANDB_SILENT"]  # as in a user's shell: walbuf silences wandb itself
     env.pop("XDG_CACHE_HOME", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "walbuf", "sync", str(buffer), "--quiet"], capture_output=True, text=True, env=env, cwd=here
+        [sys.executable, "-m", "walbuf", "sync", str(buffer), "--quiet"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=here,
     )
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
     assert len(the_run(server, buffer).history) == 3
@@ -348,7 +364,10 @@ def test_verbose_shows_wandbs_own_messages(server, buffer):
     env = {**os.environ, **server.env()}
     del env["WANDB_SILENT"]
     proc = subprocess.run(
-        [sys.executable, "-m", "walbuf", "sync", str(buffer), "--quiet", "--verbose"], capture_output=True, text=True, env=env
+        [sys.executable, "-m", "walbuf", "sync", str(buffer), "--quiet", "--verbose"],
+        capture_output=True,
+        text=True,
+        env=env,
     )
     assert proc.returncode == 0 and "wandb:" in proc.stderr
 
@@ -423,7 +442,10 @@ def test_missing_credentials_exit_78_not_75_and_advance_nothing(server, buffer, 
     del env["WANDB_API_KEY"]
     proc = subprocess.run(
         [sys.executable, "-m", "walbuf", "sync", str(buffer), "--quiet"],
-        capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=env,
+        stdin=subprocess.DEVNULL,
     )
     assert proc.returncode == 78 and "wandb login" in proc.stderr
     assert pending(buffer) == {("exp1", "w"): 1}

@@ -19,15 +19,17 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import rows_of, run_sql, run_sync, wandb_cores
 
 import walbuf
-from conftest import rows_of, run_sql, run_sync, wandb_cores
 
 pytestmark = [pytest.mark.backends("sqlite", "postgresql"), pytest.mark.slow]
 
 
 def status(buffer):
-    proc = subprocess.run([sys.executable, "-m", "walbuf", "status", str(buffer), "--json"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "walbuf", "status", str(buffer), "--json"], capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)["runs"][0]
 
@@ -167,8 +169,11 @@ def test_a_deleted_run_is_refused_with_78_and_its_run_waits_for_another_target(s
 @pytest.mark.backends("sqlite")
 @pytest.mark.parametrize(
     ("answer", "message", "code"),
-    [(403, "permission denied", "PERMISSION_ERROR"), (404, "project not found", "NOT_FOUND"),
-     (200, "permission denied", "PERMISSION_ERROR")],
+    [
+        (403, "permission denied", "PERMISSION_ERROR"),
+        (404, "project not found", "NOT_FOUND"),
+        (200, "permission denied", "PERMISSION_ERROR"),
+    ],
     ids=["403", "404", "graphql-error-in-200"],
 )
 def test_a_refusal_of_the_first_request_exits_78_with_the_servers_words(server, buffer, answer, message, code):
@@ -194,7 +199,9 @@ def test_cron_reports_a_refusal_at_the_first_request_as_needing_a_person(server,
     log_steps(buffer, [0])
     server.refuse_upserts(403, "permission denied", "PERMISSION_ERROR")
     cron = Path(sys.executable).parent / "walbuf-cron"
-    proc = subprocess.run([cron, str(buffer)], capture_output=True, text=True, timeout=120, env={**os.environ, **server.env()})
+    proc = subprocess.run(
+        [cron, str(buffer)], capture_output=True, text=True, timeout=120, env={**os.environ, **server.env()}
+    )
     assert proc.returncode == 78
     assert "exit 78, needs a person" in proc.stdout and "permission denied" in proc.stdout
 
@@ -261,7 +268,9 @@ def test_a_signal_cuts_the_upload_off_cleanly_and_the_next_sync_completes_it(ser
     server.hold_uploads()  # the rows are on their way; their confirmation is not
     syncer = subprocess.Popen(
         [sys.executable, "-m", "walbuf", "sync", str(buffer), "--quiet"],
-        env={**os.environ, **server.env()}, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, **server.env()},
+        stderr=subprocess.PIPE,
+        text=True,
     )
     server.wait_for_rows(1, timeout=60)
     syncer.send_signal(signum)
@@ -270,7 +279,9 @@ def test_a_signal_cuts_the_upload_off_cleanly_and_the_next_sync_completes_it(ser
     assert syncer.returncode == code, err
     assert err.count("\n") == 1 and "walbuf: error: stopped by" in err and "Traceback" not in err
     assert status(buffer)["last_sync"]["status"] == "interrupted"
-    assert status(buffer)["last_sync"]["message"] == ("interrupted (Ctrl-C)" if code == 130 else "interrupted (SIGTERM)")
+    assert status(buffer)["last_sync"]["message"] == (
+        "interrupted (Ctrl-C)" if code == 130 else "interrupted (SIGTERM)"
+    )
     assert status(buffer)["pending"] == 200
     assert not server.run(status(buffer)["wandb_id"]).complete  # the interrupted sync left the run's state alone
     again = run_sync(server, buffer)
@@ -316,7 +327,8 @@ def test_max_seconds_ends_waiting_for_a_confirmation_that_does_not_come(server, 
 
 
 def wandb_with_core(root, core):
-    """An environment whose wandb is the installed one with ``core`` (bytes and a mode, or None: none) as its wandb-core.
+    """An environment whose wandb is the installed one with ``core`` (bytes and a mode, or None: none) as its
+    wandb-core.
 
     The package is a folder of links to the installed one's files, first on
     PYTHONPATH; wandb runs ``bin/wandb-core`` beside its own modules.
@@ -367,7 +379,9 @@ def test_wandb_core_killed_mid_sync_exits_75_in_one_line_and_the_next_sync_deliv
     server.hold_uploads()  # wandb-core sends rows and waits for the answer
     syncer = subprocess.Popen(
         [sys.executable, "-m", "walbuf", "sync", str(buffer), "--quiet"],
-        stderr=subprocess.PIPE, text=True, env={**os.environ, **server.env()},
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **server.env()},
     )
     server.wait_for_rows(1, timeout=60)
     (core,) = wandb_cores(syncer.pid)
@@ -375,7 +389,10 @@ def test_wandb_core_killed_mid_sync_exits_75_in_one_line_and_the_next_sync_deliv
     server.release_uploads()
     _, stderr = syncer.communicate(timeout=120)
     assert syncer.returncode == 75, stderr
-    assert stderr.startswith("walbuf: error: wandb-core, the process wandb uploads through, ended") and stderr.count("\n") == 1
+    assert (
+        stderr.startswith("walbuf: error: wandb-core, the process wandb uploads through, ended")
+        and stderr.count("\n") == 1
+    )
     assert run_sync(server, buffer).returncode == 0
     assert set(steps_arrived(server, buffer)) == set(range(50))
 
@@ -387,7 +404,9 @@ def test_max_seconds_bounds_the_process_when_wandb_core_stops_answering(server, 
     start = time.monotonic()
     syncer = subprocess.Popen(
         [sys.executable, "-m", "walbuf", "sync", str(buffer), "--quiet", "--max-seconds", "8"],
-        stderr=subprocess.PIPE, text=True, env={**os.environ, **server.env()},
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **server.env()},
     )
     server.wait_for_rows(1, timeout=60)
     (core,) = wandb_cores(syncer.pid)

@@ -12,10 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
-import walbuf
 from conftest import rows_of, run_sql, run_sync
 from test_accelerate import the_run, torchrun
+
+import walbuf
 from walbuf import ConfigError
 from walbuf.integrations.transformers import WalbufCallback
 
@@ -66,7 +66,9 @@ def test_parameter_histograms_and_the_image_arrive(trained):
     rows = dict(rows_of(fake_run, "rank-0", axis=AXIS))
     histogram = stored[(4, "parameters/transformer.wte.weight")]
     assert rows[4]["parameters/transformer.wte.weight"] == {
-        "_type": "histogram", "values": list(histogram.counts), "bins": list(histogram.bins)
+        "_type": "histogram",
+        "values": list(histogram.counts),
+        "bins": list(histogram.bins),
     }
     (image_row,) = [metrics for step, metrics in rows_of(fake_run, "rank-0", axis=AXIS) if "embeddings" in metrics]
     assert fake_run.files[image_row["embeddings"]["path"]] == stored[(6, "embeddings")].png
@@ -127,8 +129,16 @@ def a_trainer(tmp_path, callback, **arguments):
     from transformers import Trainer, TrainingArguments
 
     settings = dict(
-        output_dir=str(tmp_path / "out"), report_to="none", logging_steps=1, per_device_train_batch_size=8,
-        max_steps=4, save_steps=2, use_cpu=True, seed=0, disable_tqdm=True, learning_rate=0.1,
+        output_dir=str(tmp_path / "out"),
+        report_to="none",
+        logging_steps=1,
+        per_device_train_batch_size=8,
+        max_steps=4,
+        save_steps=2,
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+        learning_rate=0.1,
     )
     args = TrainingArguments(**{**settings, **arguments})
     data = regression_data()

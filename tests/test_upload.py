@@ -98,7 +98,12 @@ def sync_in_process(buffer: Path, stand_in: StandIn, max_records: int | None = N
     located = open_buffer(buffer)
     with contextlib.suppress(UploadError):
         return sync_pass(
-            located, None, Target(), "online", buffer.parent / "wandb", Budget(max_records, None),
+            located,
+            None,
+            Target(),
+            "online",
+            buffer.parent / "wandb",
+            Budget(max_records, None),
             open_run=stand_in.open,
         )
     return walbuf.SyncResult(runs=())
@@ -122,7 +127,12 @@ def test_a_sync_hands_each_pending_record_to_the_run_once_in_commit_order(buffer
     sync_in_process(buffer, stand_in)
     rows = stand_in.confirmed_rows()
     assert [(next(iter(r)).split("/")[0], r.get("a/x", r.get("b/y"))) for r in rows] == [
-        ("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2)
+        ("a", 0),
+        ("b", 0),
+        ("a", 1),
+        ("b", 1),
+        ("a", 2),
+        ("b", 2),
     ]
 
 
@@ -184,7 +194,9 @@ operations = st.lists(
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=operations)
-def test_over_any_logs_and_syncs_cursors_only_advance_and_w_and_b_confirms_each_record_once_in_order(tmp_path_factory, ops):
+def test_over_any_logs_and_syncs_cursors_only_advance_and_w_and_b_confirms_each_record_once_in_order(
+    tmp_path_factory, ops
+):
     buffer = tmp_path_factory.mktemp("ops") / "b.db"
     stand_in = StandIn()
     logged: dict[str, list[int]] = {}

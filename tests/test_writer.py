@@ -8,9 +8,9 @@ import sqlite3
 import threading
 
 import pytest
+from conftest import buffer_exists, by_writer, record_count, run_sql, walbuf_says
 
 import walbuf
-from conftest import buffer_exists, by_writer, record_count, run_sql, walbuf_says
 
 pytestmark = pytest.mark.backends("sqlite", "postgresql")
 
@@ -348,7 +348,9 @@ def test_an_axis_value_is_kept_under_the_step_axis_name_and_the_step_counts_on(b
     ]
 
 
-@pytest.mark.parametrize("axis, error", [(-1, walbuf.StepOrderError), (1.5, walbuf.ArgumentTypeError), (True, walbuf.ArgumentTypeError)])
+@pytest.mark.parametrize(
+    "axis, error", [(-1, walbuf.StepOrderError), (1.5, walbuf.ArgumentTypeError), (True, walbuf.ArgumentTypeError)]
+)
 def test_an_axis_value_that_is_not_an_int_of_zero_or_more_is_refused_and_nothing_is_written(buffer, axis, error):
     with walbuf.Writer(buffer, writer="w") as w:
         with pytest.raises(error, match="axis"):
@@ -358,7 +360,14 @@ def test_an_axis_value_that_is_not_an_int_of_zero_or_more_is_refused_and_nothing
 
 @pytest.mark.parametrize(
     "setting, value",
-    [("writer", "w\x00"), ("writer", " "), ("run", "a\nb"), ("run", "  "), ("step_axis", "s\tep"), ("writer", "\ud800")],
+    [
+        ("writer", "w\x00"),
+        ("writer", " "),
+        ("run", "a\nb"),
+        ("run", "  "),
+        ("step_axis", "s\tep"),
+        ("writer", "\ud800"),
+    ],
     ids=["writer with NUL", "blank writer", "run with newline", "blank run", "axis with tab", "writer with surrogate"],
 )
 def test_a_name_w_and_b_would_get_changed_is_refused_when_the_writer_opens(buffer, backend, setting, value):

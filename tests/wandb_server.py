@@ -128,9 +128,7 @@ class FakeRun:
         entries = self.config.get("_wandb", {}).get("value", {}).get("m", [])
         names = [e.get("1") or e.get("2") for e in entries]
         return {
-            names[i]: (names[e["5"] - 1] if e.get("5") else None)
-            for i, e in enumerate(entries)
-            if names[i] is not None
+            names[i]: (names[e["5"] - 1] if e.get("5") else None) for i, e in enumerate(entries) if names[i] is not None
         }
 
     def step_metric_of(self, key: str) -> str | None:
@@ -237,7 +235,8 @@ class FakeWandb:
         self._refusal = (status, message, code)
 
     def refuse_file_uploads(self, status: int | None) -> None:
-        """Answer each file upload (a PUT to the URL CreateRunFiles gave) with ``status`` as storage does; None heals."""
+        """Answer each file upload (a PUT to the URL CreateRunFiles gave) with ``status`` as storage does; None
+        heals."""
         self._storage_refusal = status
 
     def advance(self, seconds: float) -> None:
@@ -383,7 +382,9 @@ class FakeWandb:
             # "always true for supported server versions", PR 12844; the client
             # uploads only the glob, runupserter.go), so this answer is for older clients.
             features = [{"name": "EXPAND_DEFINED_METRIC_GLOBS", "isEnabled": True}]
-            return {"data": {"serverInfo": {"features": features, "cliVersionInfo": {}, "latestLocalVersionInfo": None}}}
+            return {
+                "data": {"serverInfo": {"features": features, "cliVersionInfo": {}, "latestLocalVersionInfo": None}}
+            }
         if operation == "OrganizationCoreWeaveOrganizationID":
             return {"data": {"entity": None}}
         self.unknown_operations.append(operation or query[:60])
@@ -552,7 +553,8 @@ class _Handler(BaseHTTPRequestHandler):
 # What S3 answers a PUT to a presigned URL that expired or that a bucket
 # policy denies (AWS docs, "Error responses"; GCS answers the same shape).
 _STORAGE_DENIED = (
-    '<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code><Message>Request has expired</Message></Error>'
+    '<?xml version="1.0" encoding="UTF-8"?>'
+    "<Error><Code>AccessDenied</Code><Message>Request has expired</Message></Error>"
 )
 
 

@@ -22,8 +22,6 @@ Every function that takes a buffer takes a path, a URL, or a Buffer that
 
 from .buffer import Buffer, DatabaseBuffer, Location, open_buffer, read
 from .decorator import logged
-from .histogram import Histogram
-from .image import Image
 from .directory import DirectoryBuffer
 from .errors import (
     ArgumentTypeError,
@@ -52,6 +50,8 @@ from .errors import (
     WriterClosedError,
     WriterConflictError,
 )
+from .histogram import Histogram
+from .image import Image
 from .ops import (
     BufferStatus,
     DoctorReport,

@@ -30,10 +30,10 @@ from .directory.buffer import SyncSource, check_directory
 from .errors import BufferNotFoundError, ConfigError, NotABufferError
 from .record import Record
 from .store import Access, Durability, Storage
-from .store.storage import writer_lock_name
 from .store.backend import Backend, Lock
 from .store.postgresql import PostgresBackend
 from .store.sqlite import SQLiteBackend
+from .store.storage import writer_lock_name
 
 
 class Segment(Protocol):
@@ -85,11 +85,13 @@ class DatabaseBuffer:
         return self.backend.writer_held(writer_lock_name(run, writer))
 
     def writer_close_note(self, run: str, writer: str) -> int | None:
-        """The exit code ``writer`` of ``run`` noted beside its lock as it last closed; None if it did not. Changes nothing."""
+        """The exit code ``writer`` of ``run`` noted beside its lock as it last closed; None if it did not. Changes
+        nothing."""
         return self.backend.writer_close_note(writer_lock_name(run, writer))
 
     def open_for_sync(self, stop: Callable[[], bool] | None = None, *, check: bool = True) -> SyncSource:
-        """The database sync uploads from, checked whole for damage (unless ``check`` is off). The caller holds the sync lock."""
+        """The database sync uploads from, checked whole for damage (unless ``check`` is off). The caller holds the sync
+        lock."""
         storage = Storage(self.backend, access="write")
         try:
             if check:
@@ -102,7 +104,8 @@ class DatabaseBuffer:
     def records(
         self, run: str | None = None, writer: str | None = None, *, quarantined: bool = False
     ) -> Iterator[Record]:
-        """Every record (of one run / writer if given; only the quarantined ones), in the order logged, from one snapshot."""
+        """Every record (of one run / writer if given; only the quarantined ones), in the order logged, from one
+        snapshot."""
         with self.open_store("read") as storage:
             yield from storage.read(run=run, writer=writer, quarantined=quarantined)
 
@@ -133,7 +136,7 @@ class DatabaseSegment:
         self.storage.abandon()
 
 
-Buffer = Union[DatabaseBuffer, DirectoryBuffer]
+Buffer = DatabaseBuffer | DirectoryBuffer
 """A buffer location, as :func:`open_buffer` resolved it."""
 
 Location = Union[str, "os.PathLike[str]", DatabaseBuffer, DirectoryBuffer]

@@ -34,18 +34,18 @@ from .ops import status as buffer_status
 from .record import Record
 from .syncer import RunSync, SyncResult
 from .syncer import sync as sync_buffer
+from .syncer.budget import end_process_after, process_age
 from .syncer.follow import DEFAULT_INTERVAL
 from .syncer.follow import follow as follow_buffer
-from .syncer.budget import end_process_after, process_age
 from .syncer.wandb_run import kill_wandb_core
 
 EXIT_HELP = exitcodes.help_text()
-CRON_MAX_SECONDS = 540.0
+CRON_MAX_SECONDS = 540.0  # ends each sync before the next one of a 10-minute crontab starts
 # After --max-seconds, how long the process may take to end before it is ended.
 PROCESS_GRACE = 0.5
 # The least a sync is given when its process took its whole bound to start.
 MIN_SECONDS_LEFT = 0.1
-QUARANTINE_SHOWN = 5  # quarantined records named one by one; the rest are counted  # ends each sync before the next one of a 10-minute crontab starts
+QUARANTINE_SHOWN = 5  # quarantined records named one by one; the rest are counted
 
 
 def _say_what_walbuf_waits_for() -> None:
@@ -112,8 +112,14 @@ def _json_line(record: Record) -> str:
 
 def _follow(options: dict[str, Any], interval: float, *, quiet: bool, verbose: bool, dry_run: bool) -> None:
     """`walbuf sync --follow`: walbuf.follow with the command's options, a line per pass that sent something."""
-    alone = {"--dry-run": dry_run, "--max-records": options["max_records"], "--max-seconds": options["max_seconds"],
-             "--wait": options["wait"], "--dir": options["directory"], "--mode offline": options["mode"] == "offline"}
+    alone = {
+        "--dry-run": dry_run,
+        "--max-records": options["max_records"],
+        "--max-seconds": options["max_seconds"],
+        "--wait": options["wait"],
+        "--dir": options["directory"],
+        "--mode offline": options["mode"] == "offline",
+    }
     given = [name for name, value in alone.items() if value]
     if given:
         raise click.UsageError(f"--follow streams online until the job ends: it takes no {', '.join(given)}")
@@ -121,7 +127,9 @@ def _follow(options: dict[str, Any], interval: float, *, quiet: bool, verbose: b
     def on_pass(result: SyncResult) -> None:
         for run in result.runs:
             if not quiet and (run.records or run.finished is not None):
-                click.echo(f"{time.strftime('%H:%M:%S')} {run.run} -> {_target_text(run)}: {run.records} records synced")
+                click.echo(
+                    f"{time.strftime('%H:%M:%S')} {run.run} -> {_target_text(run)}: {run.records} records synced"
+                )
             if not quiet and run.finished is not None:
                 click.echo(f"  finished the W&B run with exit code {run.finished}")
         for message in (*result.set_aside, *result.refused):
@@ -194,7 +202,10 @@ def _sync_options(command: Any) -> Any:
     options = [
         click.argument("buffer"),
         click.option(
-            "--run", "run_name", metavar="NAME", help="Sync only this walbuf run (default: every run with pending records)."
+            "--run",
+            "run_name",
+            metavar="NAME",
+            help="Sync only this walbuf run (default: every run with pending records).",
         ),
         click.option("--project", help="W&B project (stored in the buffer at the first sync)."),
         click.option("--entity", help="W&B entity (stored in the buffer at the first sync)."),
@@ -207,15 +218,23 @@ def _sync_options(command: Any) -> Any:
             help="online: upload to W&B. offline: write a wandb offline run directory for `wandb sync`.",
         ),
         click.option(
-            "--dir", "directory", type=click.Path(file_okay=False), help="Where --mode offline writes (default: BUFFER.wandb/)."
+            "--dir",
+            "directory",
+            type=click.Path(file_okay=False),
+            help="Where --mode offline writes (default: BUFFER.wandb/).",
         ),
         click.option(
-            "--max-records", type=click.IntRange(min=1), help="Send at most this many records; the rest waits for the next sync."
+            "--max-records",
+            type=click.IntRange(min=1),
+            help="Send at most this many records; the rest waits for the next sync.",
         ),
         click.option(
             "--max-seconds",
             type=_Seconds(),
-            help="End the process within this many seconds of its start (plus at most 1), wandb's start and finish included; the rest waits for the next sync.",
+            help=(
+                "End the process within this many seconds of its start (plus at most 1), wandb's start and"
+                " finish included; the rest waits for the next sync."
+            ),
         ),
         click.option(
             "--wait",
@@ -230,7 +249,8 @@ def _sync_options(command: Any) -> Any:
 
 
 class _Progress:
-    """What `walbuf sync` prints while it works, on stderr: each run and a progress bar (not when quiet), and warnings."""
+    """What `walbuf sync` prints while it works, on stderr: each run and a progress bar (not when quiet), and
+    warnings."""
 
     def __init__(self, quiet: bool, dry_run: bool) -> None:
         self.quiet, self.dry_run = quiet, dry_run
@@ -365,7 +385,8 @@ def _run_sync(
             click.echo(f"walbuf: warning: run {run.run}: quarantined {q.writer} step {q.step}: {q.reason}", err=True)
         if len(run.quarantined) > QUARANTINE_SHOWN:
             click.echo(
-                f"walbuf: warning: run {run.run}: and {len(run.quarantined) - QUARANTINE_SHOWN} more records quarantined",
+                f"walbuf: warning: run {run.run}: and {len(run.quarantined) - QUARANTINE_SHOWN} more records"
+                " quarantined",
                 err=True,
             )
         if run.quarantined:
@@ -375,20 +396,27 @@ def _run_sync(
                 err=True,
             )
         for r in run.refused_settings:
-            click.echo(f"walbuf: warning: run {run.run}: {r.kind} {r.key!r} (from {r.writer}) left out: {r.reason}", err=True)
+            click.echo(
+                f"walbuf: warning: run {run.run}: {r.kind} {r.key!r} (from {r.writer}) left out: {r.reason}", err=True
+            )
     return result
 
 
 @main.command(epilog=EXIT_HELP)
 @_sync_options
 @click.option("--dry-run", is_flag=True, help="Say what would be sent; send and change nothing.")
-@click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors and warnings that need a person (for cron).")
+@click.option(
+    "--quiet", "-q", is_flag=True, help="Print nothing but errors and warnings that need a person (for cron)."
+)
 @click.option("--verbose", "-v", is_flag=True, help="Also show wandb's own messages (silenced otherwise).")
 @click.option(
     "--follow",
     "-f",
     is_flag=True,
-    help="Stream records as they are logged, until every writer has closed and all is delivered (BUFFER may not exist yet).",
+    help=(
+        "Stream records as they are logged, until every writer has closed and all is delivered"
+        " (BUFFER may not exist yet)."
+    ),
 )
 @click.option(
     "--interval",
@@ -549,7 +577,10 @@ def status(buffer: str, as_json: bool) -> None:
 @main.command(epilog=EXIT_HELP)
 @click.argument("buffer")
 @click.option(
-    "--older-than", required=True, metavar="AGE", help="Only records logged longer ago than this: 90s, 30m, 12h, 7d, 2w."
+    "--older-than",
+    required=True,
+    metavar="AGE",
+    help="Only records logged longer ago than this: 90s, 30m, 12h, 7d, 2w.",
 )
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors.")
 def prune(buffer: str, older_than: str, quiet: bool) -> None:

@@ -7,8 +7,8 @@ import functools
 import os
 import threading
 import time
-from dataclasses import replace
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 

@@ -153,4 +153,3 @@ __all__ = [
     "NoWriterError",
     "MissingExtraError",
 ]
-

@@ -62,11 +62,24 @@ SIGINT = ExitCode(130, "interrupted by Ctrl-C (SIGINT): nothing the cut-off uplo
 SIGTERM = ExitCode(143, "stopped by SIGTERM: nothing the cut-off upload sent is marked synced")
 CONFIG = ExitCode(
     78,
-    "an unusable setting, missing or refused W&B credentials,"
-    " or a setting that conflicts with what the buffer holds",
+    "an unusable setting, missing or refused W&B credentials, or a setting that conflicts with what the buffer holds",
 )
 
-EXIT_CODES: tuple[ExitCode, ...] = (OK, ERROR, USAGE, QUARANTINED, LOCKED, DATAERR, NOINPUT, UNAVAILABLE, TEMPFAIL, NOPERM, CONFIG, SIGINT, SIGTERM)
+EXIT_CODES: tuple[ExitCode, ...] = (
+    OK,
+    ERROR,
+    USAGE,
+    QUARANTINED,
+    LOCKED,
+    DATAERR,
+    NOINPUT,
+    UNAVAILABLE,
+    TEMPFAIL,
+    NOPERM,
+    CONFIG,
+    SIGINT,
+    SIGTERM,
+)
 
 # Most specific first: the first class an error is an instance of decides.
 _FOR_ERROR: tuple[tuple[type[WalbufError], ExitCode], ...] = (

@@ -95,7 +95,7 @@ def _check(counts: Any, bins: Any) -> str | None:
         return "counts must be ints >= 0"
     if not all(type(b) in (int, float) and math.isfinite(b) for b in bins):
         return "bin edges must be finite numbers"
-    if any(b >= a for a, b in zip(bins[1:], bins)):
+    if any(b >= a for a, b in zip(bins[1:], bins, strict=False)):
         return "bin edges must increase"
     return None
 

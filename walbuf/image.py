@@ -204,7 +204,12 @@ def _from_path(pil: Any, path: str) -> bytes:
             if image.format == "PNG":
                 return data
             return _encode(pil, image)
-    except (OSError, SyntaxError, ValueError, pil.DecompressionBombError) as exc:  # reading bytes in memory: about the data
+    except (
+        OSError,
+        SyntaxError,
+        ValueError,
+        pil.DecompressionBombError,
+    ) as exc:  # reading bytes in memory: about the data
         raise MetricValueError(f"Pillow cannot read {path!r} as an image: {exc}") from None
 
 

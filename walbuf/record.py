@@ -4,7 +4,8 @@ A record is (run, writer, step, time, metrics). Metric values are int, float,
 bool, str or None; numpy and torch scalars and 0-d arrays are converted to
 those (without importing numpy or torch: they are recognised by type name);
 a :class:`~walbuf.histogram.Histogram` is stored as its bins and counts (in
-W&B's JSON form for it), a :class:`~walbuf.image.Image` as its PNG (base64); nested mappings are flattened with "/". Anything else is refused with a
+W&B's JSON form for it), a :class:`~walbuf.image.Image` as its PNG (base64);
+nested mappings are flattened with "/". Anything else is refused with a
 :class:`~walbuf.errors.MetricTypeError` naming the key, before anything is
 written.
 
@@ -20,7 +21,7 @@ import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Union, cast
+from typing import Any, cast
 
 from .errors import MetricTypeError, MetricValueError
 from .histogram import Histogram
@@ -29,10 +30,10 @@ from .image import TYPE as IMAGE
 from .image import Image
 from .image import stored as stored_image
 
-Scalar = Union[int, float, bool, str, None]
-Value = Union[int, float, bool, str, None, list[Any], Histogram, Image]
+Scalar = int | float | bool | str | None
+Value = int | float | bool | str | None | list[Any] | Histogram | Image
 """A metric value as read back (a list holds scalars and lists)."""
-Stored = Union[int, float, bool, str, None, list[Any], dict[str, Any]]
+Stored = int | float | bool | str | None | list[Any] | dict[str, Any]
 """A metric value as stored (a histogram or an image in its JSON form)."""
 
 _PRIMITIVE = frozenset({int, float, bool, str, type(None)})
@@ -144,8 +145,7 @@ def flatten(metrics: Any, reserved: str | None = None) -> dict[str, Stored]:
     """
     if not isinstance(metrics, Mapping):
         raise MetricTypeError(
-            f"metrics must be a dict of name -> value, not {type(metrics).__qualname__}"
-            " (nothing was written)"
+            f"metrics must be a dict of name -> value, not {type(metrics).__qualname__} (nothing was written)"
         )
     flat: dict[str, Stored] = {}
     _flatten_into(flat, "", metrics, 1)
@@ -167,7 +167,8 @@ def line_room(count: int, prefix: str) -> int:
 
 
 def check_line(payload: str, values: Mapping[str, Stored], prefix: str) -> None:
-    """Raise MetricValueError if a record (``values``, stored as ``payload``) would make a history line over W&B's limit.
+    """Raise MetricValueError if a record (``values``, stored as ``payload``) would make a history line over W&B's
+    limit.
 
     ``prefix`` is what the syncer puts before each key. An image counts as
     the reference to its file that the history line holds; the images of
@@ -229,15 +230,13 @@ def _flatten_into(flat: dict[str, Stored], prefix: str, metrics: Mapping[Any, An
         if isinstance(value, Mapping) and leaf is None:
             if depth >= MAX_DEPTH:
                 raise MetricValueError(
-                    f"metric {name!r} holds dicts nested more than {MAX_DEPTH} deep; flatten them"
-                    " (nothing was written)"
+                    f"metric {name!r} holds dicts nested more than {MAX_DEPTH} deep; flatten them (nothing was written)"
                 )
             _flatten_into(flat, name + "/", value, depth + 1)
             continue
         if name in flat:
             raise MetricValueError(
-                f"metric {name!r} is given twice (once nested, once with '/' in its key)"
-                " (nothing was written)"
+                f"metric {name!r} is given twice (once nested, once with '/' in its key) (nothing was written)"
             )
         if isinstance(value, (list, tuple)):
             flat[name] = _sequence(name, value, depth)
@@ -397,7 +396,9 @@ def encode_config(values: Any, what: str = "config") -> dict[str, str]:
             raise MetricTypeError(f"{what} key {key!r} is of type {type(key).__qualname__}; keys must be str")
         _check_key("", key, what, star=True)
         if key in RESERVED_KEYS:
-            raise MetricValueError(f"{what} key {key!r} is a name W&B reserves for itself; rename it (nothing was stored)")
+            raise MetricValueError(
+                f"{what} key {key!r} is a name W&B reserves for itself; rename it (nothing was stored)"
+            )
         text = json.dumps(_config_value(key, value, what, 1), allow_nan=True)
         if len(text) > MAX_VALUE_BYTES:
             raise MetricValueError(

@@ -76,7 +76,8 @@ class _Open:
     axis_claimed: bool = False
 
     def claim(self, keys: dict[str, Any]) -> None:
-        """Claim the W&B names of ``keys`` (and of the step axis) not claimed yet; KeyConflictError if another writer holds one."""
+        """Claim the W&B names of ``keys`` (and of the step axis) not claimed yet; KeyConflictError if another writer
+        holds one."""
         new = [key for key in keys if key not in self.claimed]
         axis = wandb_key(self.prefix, self.step_axis)
         wanted: dict[str, str | None] = {wandb_key(self.prefix, key): axis for key in new}
@@ -264,7 +265,8 @@ class Writer:
             expiry.call_at(segment.expires, functools.partial(self._let_go_if_idle, segment))
 
     def _let_go_if_idle(self, segment: Segment) -> None:
-        """In the expiry thread: close ``segment`` if it is still the current one (nothing was logged since it expired)."""
+        """In the expiry thread: close ``segment`` if it is still the current one (nothing was logged since it
+        expired)."""
         with self._lock:
             state = self._open
             if self._closed or state is None or state.pid != os.getpid() or state.segment is not segment:
@@ -511,9 +513,7 @@ def _checked_step(step: Any, last: int | None, writer: str, what: str = "step") 
     if not 0 <= value <= MAX_STEP:
         raise StepOrderError(f"{what} must be between 0 and 2**63-1, not {value} (nothing was written)")
     if last is not None and value < last:
-        raise StepOrderError(
-            f"step {value} goes backwards: writer {writer!r} is at step {last} (nothing was written)"
-        )
+        raise StepOrderError(f"step {value} goes backwards: writer {writer!r} is at step {last} (nothing was written)")
     return value
 
 

@@ -93,15 +93,18 @@ class DirectoryBuffer:
         return self._hub().lock_held("sync")
 
     def writer_alive(self, run: str, writer: str) -> bool:
-        """Whether a process on any host holds ``writer`` of ``run`` open now (the lock is in locks/). Changes nothing."""
+        """Whether a process on any host holds ``writer`` of ``run`` open now (the lock is in locks/). Changes
+        nothing."""
         return self._hub().writer_held(writer_lock_name(run, writer))
 
     def writer_close_note(self, run: str, writer: str) -> int | None:
-        """The exit code ``writer`` of ``run`` noted beside its lock (in locks/) as it last closed; None if it did not. Changes nothing."""
+        """The exit code ``writer`` of ``run`` noted beside its lock (in locks/) as it last closed; None if it did not.
+        Changes nothing."""
         return self._hub().writer_close_note(writer_lock_name(run, writer))
 
     def open_for_sync(self, stop: Callable[[], bool] | None = None, *, check: bool = True) -> SyncSource:
-        """Seal the live shards nobody uses (of any host), copy every shard this host may read into the hub; the hub, open.
+        """Seal the live shards nobody uses (of any host), copy every shard this host may read into the hub; the hub,
+        open.
 
         Also what was set aside (damaged or refused shards moved to
         quarantine/) and what was not opened (see Layout.strangers), a

@@ -119,7 +119,15 @@ def _ingest_shard(layout: Layout, hub: Storage, shard: Shard, stop: Callable[[],
         hub_ids = {}
         for w in found.values():
             hub_ids[w.id], _ = hub.register_writer(
-                w.run, w.name, w.step_axis, w.prefix, w.host, w.pid, w.target, closed_at=w.closed_at, close_exit=w.close_exit
+                w.run,
+                w.name,
+                w.step_axis,
+                w.prefix,
+                w.host,
+                w.pid,
+                w.target,
+                closed_at=w.closed_at,
+                close_exit=w.close_exit,
             )
         copied = 0
         for chunk in reader.records_after(_after(found, cursors)):

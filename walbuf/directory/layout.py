@@ -241,12 +241,12 @@ class Layout:
             if owner.entry(Path(f"{shard.path}{suffix}")) is not None:
                 os.replace(f"{shard.path}{suffix}", f"{target}{suffix}")
         return (
-            f"shard {shard.id} was moved to {target} ({why}): its records are not sent;"
-            " `walbuf doctor` says what to do"
+            f"shard {shard.id} was moved to {target} ({why}): its records are not sent; `walbuf doctor` says what to do"
         )
 
     def sealed_as(self, shard: Shard) -> Shard | None:
-        """The sealed shard a live one became (its writers let go since it was listed), if it did; None for any other."""
+        """The sealed shard a live one became (its writers let go since it was listed), if it did; None for any
+        other."""
         if shard.state != "live":
             return None
         return next((s for s in self.shards("sealed", shard.host) if s.id == shard.id), None)

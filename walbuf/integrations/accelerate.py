@@ -131,7 +131,11 @@ class WalbufTracker(GeneralTracker):
                 name = key if len(images) == 1 else f"{key}/{i}"
                 try:
                     record[name] = Image(image)
-                except (TypeError, ValueError, ImportError) as exc:  # walbuf's MetricTypeError, ...ValueError, MissingExtraError
+                except (
+                    TypeError,
+                    ValueError,
+                    ImportError,
+                ) as exc:  # walbuf's MetricTypeError, ...ValueError, MissingExtraError
                     self._log.warn(f"image {name}", f"image {name!r} was left out: {exc}")
         self._log.log(record, axis=step)
 

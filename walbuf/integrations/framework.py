@@ -72,7 +72,10 @@ class FrameworkWriter:
             return
         try:
             self.writer.log(record, axis=self.last_axis)
-        except (MetricTypeError, MetricValueError) as exc:  # the record as a whole (its size), a key another writer plots
+        except (
+            MetricTypeError,
+            MetricValueError,
+        ) as exc:  # the record as a whole (its size), a key another writer plots
             self.warn(str(exc), f"a record was left out: {exc}")
 
     def config(self, values: Mapping[str, Any]) -> None:

@@ -180,16 +180,22 @@ class WalbufLogger(Logger):
                 raise ValueError(f"Expected {len(images)} items but only found {len(values)} for {name}")
         for name in kwargs:
             if name != "caption":
-                self._log.warn(f"log_image {name}", f"log_image's {name!r} is left out: walbuf keeps an image's caption")
+                self._log.warn(
+                    f"log_image {name}", f"log_image's {name!r} is left out: walbuf keeps an image's caption"
+                )
         if not self._writes():
             return
         captions = kwargs.get("caption", [None] * len(images))
         record = {}
-        for i, (image, caption) in enumerate(zip(images, captions)):
+        for i, (image, caption) in enumerate(zip(images, captions, strict=False)):
             name = key if len(images) == 1 else f"{key}/{i}"
             try:
                 record[name] = Image(_image_data(image), caption=None if caption is None else str(caption))
-            except (TypeError, ValueError, ImportError) as exc:  # walbuf's MetricTypeError, MetricValueError, MissingExtraError
+            except (
+                TypeError,
+                ValueError,
+                ImportError,
+            ) as exc:  # walbuf's MetricTypeError, MetricValueError, MissingExtraError
                 self._log.warn(f"image {name}", f"image {name!r} was left out: {exc}")
         self.log_metrics(record, step)
 

@@ -36,7 +36,9 @@ if TYPE_CHECKING:
 
 STEP_AXIS = "train/global_step"
 """The Trainer's global step, named as W&B's own callback names it."""
-SUMMARY_ONLY = frozenset({"train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss", "total_flos"})
+SUMMARY_ONLY = frozenset(
+    {"train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss", "total_flos"}
+)
 """What the Trainer logs once at the end, which W&B's callback puts in the summary, not the history."""
 
 
@@ -132,7 +134,13 @@ class WalbufCallback(TrainerCallback):
         self._setup(args, state, model)
 
     def on_log(
-        self, args: Any, state: Any, control: Any, model: Any = None, logs: Mapping[str, Any] | None = None, **kwargs: Any
+        self,
+        args: Any,
+        state: Any,
+        control: Any,
+        model: Any = None,
+        logs: Mapping[str, Any] | None = None,
+        **kwargs: Any,
     ) -> None:
         self._setup(args, state, model)
         if logs is None or not self._writes(state):
@@ -144,9 +152,7 @@ class WalbufCallback(TrainerCallback):
         if not history:
             return
         if self.log_parameters and model is not None and "train/loss" in history:
-            history.update(
-                {f"parameters/{name}": Histogram(p, num_bins=64) for name, p in model.named_parameters()}
-            )
+            history.update({f"parameters/{name}": Histogram(p, num_bins=64) for name, p in model.named_parameters()})
         self._log.log(history, axis=state.global_step)
 
     def on_predict(self, args: Any, state: Any, control: Any, metrics: Mapping[str, Any], **kwargs: Any) -> None:
@@ -160,9 +166,9 @@ def _renamed(logs: Mapping[str, Any]) -> dict[str, Any]:
     out = {}
     for key, value in logs.items():
         if key.startswith("eval_"):
-            name = "eval/" + key[len("eval_"):]
+            name = "eval/" + key[len("eval_") :]
         elif key.startswith("test_"):
-            name = "test/" + key[len("test_"):]
+            name = "test/" + key[len("test_") :]
         else:
             name = "train/" + key
         out[name] = value

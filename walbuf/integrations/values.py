@@ -76,7 +76,8 @@ def _item(value: Any) -> Any:
 
 
 def _text(value: Any) -> Any:
-    """What has no JSON form, as wandb writes it: bytes as text, a date in ISO form, an enum's name, a function's name."""
+    """What has no JSON form, as wandb writes it: bytes as text, a date in ISO form, an enum's name, a function's
+    name."""
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     if isinstance(value, (datetime.date, datetime.datetime)):

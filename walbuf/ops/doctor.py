@@ -374,7 +374,8 @@ def _sync_findings(findings: list[Finding], storage: Storage, buffer: DatabaseBu
             Finding(
                 "interrupted sync",
                 False,
-                f"sync {entry.id} (process {entry.pid} on {entry.host}) died during an upload of {entry.records} records",
+                f"sync {entry.id} (process {entry.pid} on {entry.host}) died during an upload of"
+                f" {entry.records} records",
                 "run walbuf sync: it sends those records again, and W&B may then hold some of them twice",
             )
         )

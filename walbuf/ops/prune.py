@@ -60,8 +60,10 @@ def prune(buffer: Location, *, older_than: float, vacuum: bool = True) -> PruneR
     SQLiteBackend.reclaim). In PostgreSQL plain VACUUM makes the space
     reusable by new records without giving it back to the filesystem.
     """
-    if isinstance(older_than, bool) or not isinstance(older_than, (int, float)) or not (
-        older_than >= 0 and math.isfinite(older_than)
+    if (
+        isinstance(older_than, bool)
+        or not isinstance(older_than, (int, float))
+        or not (older_than >= 0 and math.isfinite(older_than))
     ):
         raise ConfigError(f"older_than must be a finite number of seconds >= 0, not {older_than!r}")
     located = open_buffer(buffer)

@@ -80,7 +80,8 @@ class BufferStatus:
     not_opened: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data for JSON (dicts, lists, str, numbers, None): per run and writer at least ``records`` and ``pending``."""
+        """Plain data for JSON (dicts, lists, str, numbers, None): per run and writer at least ``records`` and
+        ``pending``."""
         return cast(dict[str, Any], _plain(asdict(self)))
 
 
@@ -198,4 +199,6 @@ def _last_sync(conn: sa.Connection, run_id: int) -> SyncStatus | None:
     last = entries[0]
     same = list(itertools.takewhile(lambda e: (e.host, e.pid) == (last.host, last.pid), entries))
     message = next((e.message for e in same if e.message), None)
-    return SyncStatus(last.status, last.mode, same[-1].started_at, last.finished_at, sum(e.records for e in same), message)
+    return SyncStatus(
+        last.status, last.mode, same[-1].started_at, last.finished_at, sum(e.records for e in same), message
+    )

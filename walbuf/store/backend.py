@@ -165,7 +165,8 @@ class Backend:
         raise NotImplementedError
 
     def writer_close_note(self, name: str) -> int | None:
-        """The exit code the last holder of writer lock ``name`` noted beside it as it closed; None if none did. Reads only."""
+        """The exit code the last holder of writer lock ``name`` noted beside it as it closed; None if none did. Reads
+        only."""
         return None
 
     def appender(self, engine: sa.Engine) -> Appender:

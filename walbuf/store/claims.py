@@ -58,9 +58,7 @@ class Conflict:
         )
 
 
-def claimed(
-    conn: sa.Connection, run_id: int, keys: Iterable[str] | None = None
-) -> dict[str, tuple[str | None, str]]:
+def claimed(conn: sa.Connection, run_id: int, keys: Iterable[str] | None = None) -> dict[str, tuple[str | None, str]]:
     """The run's claims (of ``keys`` only, if given): W&B key -> (its axis, the name of the writer that claimed it)."""
     query = (
         sa.select(key_claims.c.key, key_claims.c.step_axis, writers.c.name)
@@ -78,7 +76,8 @@ def claimed(
 
 
 def claim(conn: sa.Connection, writer_pk: int, wanted: Claims) -> Conflict | None:
-    """In a write transaction: claim ``wanted`` for writer ``writer_pk``; the first conflict, claiming nothing, if any."""
+    """In a write transaction: claim ``wanted`` for writer ``writer_pk``; the first conflict, claiming nothing, if
+    any."""
     run_id = conn.execute(sa.select(writers.c.run_id).where(writers.c.id == writer_pk)).scalar_one()
     held = claimed(conn, run_id, wanted)
     for key, axis in wanted.items():

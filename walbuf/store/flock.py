@@ -32,7 +32,8 @@ NOTE_WIDTH = 16  # bytes of a lock file's note (see FileLock.note)
 
 
 class FileLock:
-    """An exclusive flock on the lock file ``path`` (made owner-only if missing), held until released or the process dies.
+    """An exclusive flock on the lock file ``path`` (made owner-only if missing), held until released or the process
+    dies.
 
     Not reentrant: a second FileLock of the same path in one process waits
     for the first, as another process would.
@@ -73,7 +74,8 @@ class FileLock:
         return True
 
     def note(self, text: str) -> None:
-        """Write ``text`` (ASCII, under NOTE_WIDTH bytes) as the lock file's note, over the previous one. Raises OSError."""
+        """Write ``text`` (ASCII, under NOTE_WIDTH bytes) as the lock file's note, over the previous one. Raises
+        OSError."""
         if self._fd < 0:
             raise RuntimeError(f"{self.path} is not held: only its holder notes in it")
         data = text.encode("ascii").ljust(NOTE_WIDTH - 1) + b"\n"

@@ -94,8 +94,7 @@ class PostgresBackend(Backend):
             engine = sa.create_engine(self.url, poolclass=sa.pool.NullPool)
         except ModuleNotFoundError:
             raise ConfigError(
-                f"buffer {self.location} is in PostgreSQL, which needs psycopg:"
-                " pip install 'walbuf[postgresql]'"
+                f"buffer {self.location} is in PostgreSQL, which needs psycopg: pip install 'walbuf[postgresql]'"
             ) from None
         sa.event.listen(engine, "do_connect", do_connect)
         sa.event.listen(engine, "connect", on_connect)
@@ -132,14 +131,17 @@ class PostgresBackend(Backend):
                 if not warned:
                     _log.warning(
                         "%s: the server has no connection to spare (%s); waiting up to %gs for one",
-                        self.location, message.splitlines()[-1], seconds,
+                        self.location,
+                        message.splitlines()[-1],
+                        seconds,
                     )
                     warned = True
                 time.sleep(min(pause, left))
                 pause = min(pause * 2, _CONNECT_POLL_MAX)
 
     def session(self, seconds: float = CONNECT_WAIT) -> Any:
-        """A psycopg connection of its own, in autocommit (waiting up to ``seconds`` for one to spare). Raises walbuf errors."""
+        """A psycopg connection of its own, in autocommit (waiting up to ``seconds`` for one to spare). Raises walbuf
+        errors."""
         import psycopg
 
         url = self.url.set(drivername="postgresql").render_as_string(hide_password=False)
@@ -372,7 +374,9 @@ class _WriterLease:
     def _take(self) -> bool:
         """Take the lease if nobody holds it; whether this writer holds it now."""
         me = (self._holder, socket.gethostname(), _boot_id(), os.getpid(), _started(os.getpid()) or "")
-        set_lease = f"holder = %s, host = %s, boot_id = %s, pid = %s, started = %s, expires_at = {_NOW} + {LEASE_SECONDS}"
+        set_lease = (
+            f"holder = %s, host = %s, boot_id = %s, pid = %s, started = %s, expires_at = {_NOW} + {LEASE_SECONDS}"
+        )
 
         def take(conn: Any) -> bool:
             with conn.transaction():

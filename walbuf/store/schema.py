@@ -255,7 +255,8 @@ def buffer_revision(conn: sa.Connection, location: str) -> str | None:
 
 
 def _postgres_code(conn: sa.Connection) -> list[str]:
-    """The triggers and rules on walbuf's tables in the current PostgreSQL schema: code that would run in walbuf's sessions.
+    """The triggers and rules on walbuf's tables in the current PostgreSQL schema: code that would run in walbuf's
+    sessions.
 
     (Another application's tables may share the schema; only walbuf's own are looked at.)
     """

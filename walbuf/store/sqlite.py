@@ -318,9 +318,7 @@ class SQLiteBackend(Backend):
                 f"{path}: the disk is full ({message}); the record was not written and every"
                 " earlier one is intact: free space (walbuf prune removes synced records), then log again"
             )
-        if isinstance(exc, sqlite3.DatabaseError) and (
-            "not a database" in message or "malformed" in message
-        ):
+        if isinstance(exc, sqlite3.DatabaseError) and ("not a database" in message or "malformed" in message):
             return BufferCorruptError(f"{path} is not a readable walbuf buffer ({message})")
         return StorageError(f"{path}: {message}")
 

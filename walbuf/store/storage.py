@@ -27,6 +27,7 @@ from ..errors import (
 )
 from ..record import Record, Value, read_metrics
 from .backend import DURABILITY_LEVELS, Access, Appender, Backend, Durability, Lock, holding
+from .claims import Claims, Conflict, claim
 from .schema import (
     HEAD_REVISION,
     buffer_revision,
@@ -39,7 +40,6 @@ from .schema import (
     upgrade,
     writers,
 )
-from .claims import Claims, Conflict, claim
 from .sqlite import SQLiteBackend
 from .target import Target, set_target
 
@@ -66,6 +66,7 @@ def stored_metrics(text: str, writer: str, step: int, quarantined: str | None, l
 def writer_lock_name(run: str, writer: str) -> str:
     """The name of the lock an open writer holds: it owns its id (and the syncer sees it alive)."""
     return "writer-" + hashlib.sha256(f"{run}\0{writer}".encode()).hexdigest()[:24]
+
 
 ConfigKind = Literal["config", "summary"]
 
@@ -218,9 +219,7 @@ class Storage:
         if self._immutable_state is not None and self._file_state() != self._immutable_state:
             # An immutable read takes no lock: a writer that opened the buffer
             # meanwhile and checkpointed into the file may have torn what was read.
-            raise BufferBusyError(
-                f"{self.location} changed while it was read (a writer opened it); read it again"
-            )
+            raise BufferBusyError(f"{self.location} changed while it was read (a writer opened it); read it again")
 
     def appender(self) -> Appender:
         """A dedicated connection for one writer's hot path."""
@@ -338,15 +337,13 @@ class Storage:
                 )
             conn.execute(writers.update().where(writers.c.id == row.id).values(**values))
             last_step = conn.scalar(
-                sa.select(records.c.step)
-                .where(records.c.writer_id == row.id)
-                .order_by(records.c.id.desc())
-                .limit(1)
+                sa.select(records.c.step).where(records.c.writer_id == row.id).order_by(records.c.id.desc()).limit(1)
             )
             return row.id, last_step if last_step is not None else row.pruned_step
 
     def claim_keys(self, writer_pk: int, wanted: Claims) -> Conflict | None:
-        """Claim W&B keys for the writer's step axis (see walbuf.store.claims); the conflict, claiming nothing, if any."""
+        """Claim W&B keys for the writer's step axis (see walbuf.store.claims); the conflict, claiming nothing, if
+        any."""
         with self.begin_write() as conn:
             return claim(conn, writer_pk, wanted)
 
@@ -375,9 +372,7 @@ class Storage:
             return inserted_id(conn.execute(runs.insert().values(name=run, created_at=now)))
         return int(run_id)
 
-    def read(
-        self, run: str | None = None, writer: str | None = None, *, quarantined: bool = False
-    ) -> Iterator[Record]:
+    def read(self, run: str | None = None, writer: str | None = None, *, quarantined: bool = False) -> Iterator[Record]:
         """Every record (of one run / writer if given), in the order they were logged.
 
         With ``quarantined``, only the records a sync quarantined (each with its reason).

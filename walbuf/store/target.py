@@ -37,7 +37,9 @@ def check_target(target: Target) -> Target:
             raise ConfigError(f"W&B run id {run_id!r} starts or ends with whitespace, which W&B refuses")
         bad = sorted(set(RUN_ID_RESERVED) & set(run_id))
         if bad:
-            raise ConfigError(f"W&B run id {run_id!r} contains {''.join(bad)!r}; W&B refuses any of {RUN_ID_RESERVED!r} in a run id")
+            raise ConfigError(
+                f"W&B run id {run_id!r} contains {''.join(bad)!r}; W&B refuses any of {RUN_ID_RESERVED!r} in a run id"
+            )
     for part, value in (("project", target.project), ("entity", target.entity)):
         if value is None:
             continue
@@ -49,15 +51,17 @@ def check_target(target: Target) -> Target:
         if bad:
             raise ConfigError(
                 f"W&B {part} {value!r} contains {''.join(bad)!r}; W&B refuses any of {NAME_RESERVED!r} in the {part}"
-                + (" (give the entity with --entity, not as part of the project)" if part == "project" and "/" in value else "")
+                + (
+                    " (give the entity with --entity, not as part of the project)"
+                    if part == "project" and "/" in value
+                    else ""
+                )
             )
     return target
 
 
 def read_target(conn: sa.Connection, run_id: int) -> Target:
-    row = conn.execute(
-        sa.select(runs.c.wandb_id, runs.c.project, runs.c.entity).where(runs.c.id == run_id)
-    ).one()
+    row = conn.execute(sa.select(runs.c.wandb_id, runs.c.project, runs.c.entity).where(runs.c.id == run_id)).one()
     return Target(*row)
 
 

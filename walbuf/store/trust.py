@@ -44,7 +44,8 @@ Kind = Literal["file", "folder"]
 
 
 def shown(path: Path | str) -> str:
-    """A path for a message: as it is, or quoted if it holds what is not printable (a newline could forge a log line)."""
+    """A path for a message: as it is, or quoted if it holds what is not printable (a newline could forge a log
+    line)."""
     text = str(path)
     return text if text.isprintable() else repr(text)
 
@@ -103,7 +104,8 @@ class Owner:
         return PRIVATE_FILE | (self.shared & 0o044)
 
     def check(self, path: Path, st: os.stat_result, kind: Kind) -> None:
-        """Raise UntrustedPathError unless ``st`` (of lstat or fstat) is a ``kind`` of the owner that others may not write."""
+        """Raise UntrustedPathError unless ``st`` (of lstat or fstat) is a ``kind`` of the owner that others may not
+        write."""
         if stat.S_ISLNK(st.st_mode):
             raise UntrustedPathError(_link(path))
         if st.st_uid != self.uid:
@@ -116,7 +118,9 @@ class Owner:
         if not is_kind:
             raise UntrustedPathError(f"{shown(path)} is not a {kind}, where walbuf keeps a {kind}: remove it")
         if st.st_mode & OTHERS_WRITE:
-            who = {0o020: "its group", 0o002: "every account"}.get(st.st_mode & OTHERS_WRITE, "its group and every account")
+            who = {0o020: "its group", 0o002: "every account"}.get(
+                st.st_mode & OTHERS_WRITE, "its group and every account"
+            )
             raise UntrustedPathError(
                 f"{shown(path)} may be written by {who} (mode {stat.S_IMODE(st.st_mode):04o}), so another account"
                 f" could change what walbuf reads from it; make the buffer private with `chmod -R go-w {shown(path)}`"
@@ -183,15 +187,19 @@ class Owner:
         return fd
 
     def _share(self, target: int | Path, st: os.stat_result) -> None:
-        """Give a folder or file of the owner's the root's group, where the root grants read access (see the module docstring)."""
+        """Give a folder or file of the owner's the root's group, where the root grants read access (see the module
+        docstring)."""
         if self.shared and self.group >= 0 and st.st_gid != self.group:
             try:
                 os.chown(target, -1, self.group)
             except PermissionError:
-                pass  # the owner is not in the root's group (any more): it keeps its own, and readers of that group lose nothing they had
+                # The owner is not in the root's group (any more): it keeps its
+                # own, and readers of that group lose nothing they had.
+                pass
 
     def create(self, path: Path, data: bytes) -> None:
-        """Write a new file ``path`` holding ``data`` (owner-only), replacing one of the owner's; never through a link."""
+        """Write a new file ``path`` holding ``data`` (owner-only), replacing one of the owner's; never through a
+        link."""
         if self.entry(path) is not None:
             os.unlink(path)  # the owner's own file: unlink removes the name, never a link's target
         fd = self.open(path, os.O_WRONLY | os.O_EXCL, create=True)
@@ -213,7 +221,8 @@ class Owner:
 
 
 def make_folders(path: Path) -> None:
-    """Make ``path`` and its missing parents, each owner-only (0700) whatever the umask; existing ones are left as they are."""
+    """Make ``path`` and its missing parents, each owner-only (0700) whatever the umask; existing ones are left as they
+    are."""
     missing = []
     while not os.path.lexists(path):
         missing.append(path)

@@ -101,7 +101,8 @@ def process_age() -> float:
 
 
 def end_process_after(seconds: float, last_words: Callable[[], int]) -> None:
-    """End this process ``seconds`` from now, whatever it is doing then: ``last_words()`` runs, then os._exit with what it returns.
+    """End this process ``seconds`` from now, whatever it is doing then: ``last_words()`` runs, then os._exit with what
+    it returns.
 
     For a command with a bound on its whole run (``walbuf sync
     --max-seconds``): the sync's own hard stop ends the upload at the

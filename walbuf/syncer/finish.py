@@ -36,15 +36,14 @@ EXIT_A_WRITER_DIED = 1
 
 
 def outcome(storage: Storage, buffer: Buffer, run: str) -> int | None:
-    """The exit code to finish the run with now, or None: a writer may still log, records wait, or it is finished so already."""
+    """The exit code to finish the run with now, or None: a writer may still log, records wait, or it is finished so
+    already."""
     with storage.begin_read() as conn:
-        row = conn.execute(
-            sa.select(runs.c.id, runs.c.finished_exit, runs.c.wandb_id).where(runs.c.name == run)
-        ).one()
+        row = conn.execute(sa.select(runs.c.id, runs.c.finished_exit, runs.c.wandb_id).where(runs.c.name == run)).one()
         members = conn.execute(
-            sa.select(writers.c.id, writers.c.name, writers.c.closed_at, writers.c.close_exit, writers.c.synced_id).where(
-                writers.c.run_id == row.id
-            )
+            sa.select(
+                writers.c.id, writers.c.name, writers.c.closed_at, writers.c.close_exit, writers.c.synced_id
+            ).where(writers.c.run_id == row.id)
         ).all()
         if not members:
             return None

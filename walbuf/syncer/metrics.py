@@ -110,7 +110,10 @@ class RunMetrics:
         if sent:
             conn.execute(
                 last_values.insert(),
-                [{"run_id": self.run_id, "key": key, "value": json.dumps(self.sent[key], allow_nan=True)} for key in sent],
+                [
+                    {"run_id": self.run_id, "key": key, "value": json.dumps(self.sent[key], allow_nan=True)}
+                    for key in sent
+                ],
             )
 
     def summary(self, explicit: dict[str, Any]) -> dict[str, Any]:

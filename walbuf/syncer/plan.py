@@ -11,7 +11,6 @@ have delivered), and notes the new upload as running.
 from __future__ import annotations
 
 import functools
-
 import os
 import secrets
 import socket
@@ -23,8 +22,8 @@ import sqlalchemy as sa
 
 from ..errors import ConfigError, TargetRefusedError
 from ..store import Storage, Target
-from ..store.schema import config_entries, inserted_id, records, runs, syncs, writers
 from ..store.claims import wandb_key
+from ..store.schema import config_entries, inserted_id, records, runs, syncs, writers
 from ..store.target import merge_target, read_target, set_target
 from .budget import Budget
 from .results import RunSync, SyncMode
@@ -72,7 +71,8 @@ class Plan:
 
 
 def runs_to_sync(storage: Storage, run: str | None, run_id: str | None, *, missing_ok: bool = False) -> list[str]:
-    """The names of the runs to sync: ``run``, or all of them. A ``run`` not in the buffer: ConfigError, or none if ``missing_ok``."""
+    """The names of the runs to sync: ``run``, or all of them. A ``run`` not in the buffer: ConfigError, or none if
+    ``missing_ok``."""
     with storage.begin_read() as conn:
         names = list(conn.scalars(sa.select(runs.c.name).order_by(runs.c.id)))
     if run is not None:
@@ -84,8 +84,7 @@ def runs_to_sync(storage: Storage, run: str | None, run_id: str | None, *, missi
         return [run]
     if run_id is not None and len(names) > 1:
         raise ConfigError(
-            f"--run-id names one W&B run, but {storage.location} holds {len(names)} runs;"
-            " choose one with --run NAME"
+            f"--run-id names one W&B run, but {storage.location} holds {len(names)} runs; choose one with --run NAME"
         )
     return names
 
@@ -171,9 +170,12 @@ def _survey(conn: sa.Connection, name: str, budget: Budget, high: int | None, fi
     if budget.remaining is not None and sum(counts.values()) > budget.remaining:
         high = _id_of_nth_pending(conn, found, low, budget.remaining)
         counts = _pending_counts(conn, found, low, high)
-    new_run = conn.scalar(
-        sa.select(sa.func.count()).select_from(syncs).where(syncs.c.run_id == run_id, syncs.c.status == "ok")
-    ) == 0
+    new_run = (
+        conn.scalar(
+            sa.select(sa.func.count()).select_from(syncs).where(syncs.c.run_id == run_id, syncs.c.status == "ok")
+        )
+        == 0
+    )
     return _Survey(run_id, found, low, high, counts, _possibly_delivered(conn, run_id, found, low, high), new_run)
 
 
@@ -233,11 +235,7 @@ def _pending_counts(conn: sa.Connection, found: dict[int, PlanWriter], low: int,
 
 def _id_of_nth_pending(conn: sa.Connection, found: dict[int, PlanWriter], low: int, n: int) -> int:
     query = (
-        sa.select(records.c.id)
-        .where(pending_filter(found, low, 2**62))
-        .order_by(records.c.id)
-        .offset(n - 1)
-        .limit(1)
+        sa.select(records.c.id).where(pending_filter(found, low, 2**62)).order_by(records.c.id).offset(n - 1).limit(1)
     )
     return int(conn.scalar(query) or low)
 
@@ -245,7 +243,8 @@ def _id_of_nth_pending(conn: sa.Connection, found: dict[int, PlanWriter], low: i
 def _target(
     conn: sa.Connection, run_id: int, name: str, overrides: Target, mode: SyncMode, dry_run: bool
 ) -> tuple[Target, bool]:
-    """The run's W&B target, with ``overrides`` filling what it lacks, a run id generated if none; whether it is a new W&B run.
+    """The run's W&B target, with ``overrides`` filling what it lacks, a run id generated if none; whether it is a new
+    W&B run.
 
     A target W&B refused (runs.target_refused) is not used again: overrides
     replace it, and without any the run raises TargetRefusedError. A W&B
@@ -253,9 +252,7 @@ def _target(
     W&B run id, which then replaces the stored one.
     """
     stored = read_target(conn, run_id)
-    refused, stored_mode = conn.execute(
-        sa.select(runs.c.target_refused, runs.c.mode).where(runs.c.id == run_id)
-    ).one()
+    refused, stored_mode = conn.execute(sa.select(runs.c.target_refused, runs.c.mode).where(runs.c.id == run_id)).one()
     switching = _check_mode(name, stored, stored_mode, mode, overrides)
     replacing = switching or refused is not None  # what is given replaces what is stored
     if refused is not None and not switching and overrides == Target():
@@ -264,7 +261,7 @@ def _target(
             f" {refused}; give another with --project, --entity or --run-id"
         )
     if replacing:
-        target = Target(*(given or old for given, old in zip(astuple(overrides), astuple(stored))))
+        target = Target(*(given or old for given, old in zip(astuple(overrides), astuple(stored), strict=True)))
     else:
         target = merge_target(stored, overrides, name)
     if dry_run:
@@ -297,8 +294,7 @@ def _check_mode(name: str, stored: Target, stored_mode: str | None, mode: SyncMo
         "`wandb sync` of an offline run writes a non-shared history, and W&B refuses or displaces"
         " shared-mode writers on such a run"
         if stored_mode == "offline"
-        else "its history was written in shared mode, and `wandb sync` of an offline run into it would"
-        " displace rows"
+        else "its history was written in shared mode, and `wandb sync` of an offline run into it would displace rows"
     )
     raise ConfigError(
         f"run {name!r} was synced {stored_mode} into W&B run {stored.wandb_id!r}, and W&B does not take"

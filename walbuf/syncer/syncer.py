@@ -39,9 +39,9 @@ from ..buffer import Buffer, Location, open_buffer
 from ..directory import DirectoryBuffer
 from ..errors import ConfigError, SyncLockedError, UploadError
 from ..store import Storage, Target
-from ..store.target import check_target
 from ..store.schema import syncs
 from ..store.sqlite import SQLiteBackend
+from ..store.target import check_target
 from ..store.trust import Owner, make_folders
 from .budget import Budget, OutOfTime
 from .finish import outcome
@@ -94,7 +94,9 @@ def sync(
     """
     if mode not in SYNC_MODES:
         raise ConfigError(f"mode must be one of {', '.join(SYNC_MODES)}, not {mode!r}")
-    if max_records is not None and (isinstance(max_records, bool) or not isinstance(max_records, int) or max_records <= 0):
+    if max_records is not None and (
+        isinstance(max_records, bool) or not isinstance(max_records, int) or max_records <= 0
+    ):
         raise ConfigError(f"max_records must be a positive int, not {max_records!r}")
     for name, value in (("max_seconds", max_seconds), ("wait", wait)):
         if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
@@ -141,7 +143,8 @@ def sync_pass(
     missing_ok: bool = False,
     open_run: OpenRun = WandbRun,
 ) -> SyncResult:
-    """One sync of ``run`` (or every run) under the sync lock the caller holds: take in, then upload and finish each run.
+    """One sync of ``run`` (or every run) under the sync lock the caller holds: take in, then upload and finish each
+    run.
 
     ``check``: check the database whole for damage first. ``more_soon``: the
     caller syncs again soon (walbuf.follow), so a run whose job goes on is
@@ -160,7 +163,17 @@ def sync_pass(
                 stopped = True
                 break
             report = _sync_run(
-                storage, located, name, overrides, mode, folder, budget, progress, on_run, more_soon=more_soon, open_run=open_run
+                storage,
+                located,
+                name,
+                overrides,
+                mode,
+                folder,
+                budget,
+                progress,
+                on_run,
+                more_soon=more_soon,
+                open_run=open_run,
             )
             if report is not None:
                 done.append(report)
@@ -223,7 +236,15 @@ def _upload(
         on_run(planned.report)
     try:
         return upload(
-            storage, planned, mode, folder, budget, progress, finish_code=finish_code, more_soon=more_soon, open_run=open_run
+            storage,
+            planned,
+            mode,
+            folder,
+            budget,
+            progress,
+            finish_code=finish_code,
+            more_soon=more_soon,
+            open_run=open_run,
         )
     except OutOfTime as exc:
         raise UploadError(
@@ -302,7 +323,7 @@ def _remove_folders_of_killed_syncers(cache: str) -> None:
     """Remove the working folders that syncers of this host killed with -9 could not: their process is gone."""
     host = socket.gethostname() + "-"
     for entry in os.scandir(cache):
-        pid = entry.name[len(host):].partition("-")[0] if entry.name.startswith(host) else ""
+        pid = entry.name[len(host) :].partition("-")[0] if entry.name.startswith(host) else ""
         if pid.isdigit() and not _alive(int(pid)) and entry.is_dir(follow_symlinks=False):
             if entry.stat(follow_symlinks=False).st_uid == os.geteuid():  # our own: rmtree follows no link
                 shutil.rmtree(entry.path, ignore_errors=True)

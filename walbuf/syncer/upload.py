@@ -107,7 +107,8 @@ def upload(
     more_soon: bool = False,
     open_run: OpenRun = WandbRun,
 ) -> RunSync:
-    """Send the plan's records, within the budget, into the run ``open_run`` opens; what was sent, once wandb confirmed it.
+    """Send the plan's records, within the budget, into the run ``open_run`` opens; what was sent, once wandb confirmed
+    it.
 
     With ``finish_code``, the upload also finishes the W&B run with that exit
     code (its job is done: see walbuf.syncer.finish), unless the budget cut
@@ -290,7 +291,7 @@ class _Replay:
         # faster, they wait in wandb-core (up to two file_stream requests of
         # 10 MiB) for run.finish(), past the reserve the bound keeps for it.
         with wandb_run.batched() if self.budget.deadline is None else contextlib.nullcontext():
-            for (record_id, writer_id, step, _, _), (row, needed, problem) in zip(batch, ready):
+            for (record_id, writer_id, step, _, _), (row, needed, problem) in zip(batch, ready, strict=True):
                 if self.budget.spent():
                     handled_all = False
                     break
@@ -327,15 +328,11 @@ class _Replay:
             return {}, (), f"its value on the step axis {writer.step_axis!r} is not an int >= 0"
         shape = (writer_id, *values)
         known = self._known.get(shape)
-        if (
-            known is not None
-            and len(metrics) <= known[1]
-            and PLAIN_TYPES.issuperset(map(type, values.values()))
-        ):
+        if known is not None and len(metrics) <= known[1] and PLAIN_TYPES.issuperset(map(type, values.values())):
             # The common case: the keys of a record of this writer found fine
             # before, plain values, and a payload that fits the line. Every
             # check would pass as it did then.
-            return dict(zip(known[0], (*values.values(), at, wall_time))), (), None
+            return dict(zip(known[0], (*values.values(), at, wall_time), strict=True)), (), None
         problem = _breaks_the_rules(values, metrics, writer)
         if problem is not None:
             return {}, (), problem
@@ -410,7 +407,8 @@ def _refuse_target(storage: Storage, plan: Plan, message: str) -> None:
 
 
 def _pending(plan: Plan, after: int, limit: int) -> sa.Select[tuple[int, int, int, float, str]]:
-    """The query of the next ``limit`` records of the plan past id ``after``, in id order: (id, writer id, step, time, metrics)."""
+    """The query of the next ``limit`` records of the plan past id ``after``, in id order: (id, writer id, step, time,
+    metrics)."""
     return (
         sa.select(records.c.id, records.c.writer_id, records.c.step, records.c.time, records.c.metrics)
         .where(pending_filter(plan.writers, after, plan.high))
@@ -422,7 +420,8 @@ def _pending(plan: Plan, after: int, limit: int) -> sa.Select[tuple[int, int, in
 def _config(
     storage: Storage, plan: Plan
 ) -> tuple[dict[str, dict[str, object]], list[ConfigChange], list[RefusedSetting], int]:
-    """The run's config and summary (kind -> each key's latest value), what changed or was refused since the last sync, the newest entry's id.
+    """The run's config and summary (kind -> each key's latest value), what changed or was refused since the last sync,
+    the newest entry's id.
 
     An entry W&B would refuse (what Writer.config() refuses today; an older
     walbuf let it in) is left out.
@@ -464,5 +463,3 @@ def _config(
         if kind == "config":
             setter[key] = writer
     return merged, changes, refused, entries[-1].id if entries else synced
-
-

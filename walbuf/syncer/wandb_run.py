@@ -30,8 +30,8 @@ import os
 import re
 import signal
 import socket
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, MetricValueError, MissingExtraError, TargetRefusedError, UploadError, WalbufError
@@ -40,7 +40,6 @@ from ..image import TYPE as IMAGE
 from ..image import png_of
 from ..store import Target
 from .results import SyncMode
-
 
 FILE_STREAM_INTERVAL = 2.0  # seconds between wandb-core's history posts (whole seconds: wandb-core truncates)
 
@@ -389,9 +388,10 @@ def _core_connection(doing: str) -> Iterator[None]:
     call waiting for a reply, as HandleAbandonedError, or to a call after
     wandb noticed, as MailboxClosedError.
     """
-    import wandb
     # A reply that cannot come, or a request that cannot go: the connection is gone.
     from wandb.sdk.mailbox import HandleAbandonedError, MailboxClosedError
+
+    import wandb
 
     try:
         yield
@@ -546,7 +546,8 @@ def _teardown(wandb: Any) -> None:
 
 
 def kill_wandb_core() -> None:
-    """SIGKILL the wandb-core processes this process started (Linux; elsewhere nothing), so that nothing more is sent."""
+    """SIGKILL the wandb-core processes this process started (Linux; elsewhere nothing), so that nothing more is
+    sent."""
     tasks = Path(f"/proc/{os.getpid()}/task")
     if not tasks.is_dir():
         return
@@ -554,7 +555,9 @@ def kill_wandb_core() -> None:
         with contextlib.suppress(OSError):  # a thread or child that ended meanwhile
             for child in (task / "children").read_text().split():
                 argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
-                if any(arg.endswith(b"wandb-core") for arg in argv[:2]):  # the program, or a script's interpreter's file
+                if any(
+                    arg.endswith(b"wandb-core") for arg in argv[:2]
+                ):  # the program, or a script's interpreter's file
                     os.kill(int(child), signal.SIGKILL)
 
 
