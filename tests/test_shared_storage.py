@@ -6,7 +6,7 @@ scratch. Today's walbuf leaves the co-tenant no folder to plant anything in;
 so that the defences behind that are tested too, most tests first open one
 folder of the buffer to the project group, as walbuf did before (at umask
 002), let the co-tenant plant what it likes, then make the buffer private
-again, as README tells an owner to: what the co-tenant planted is still
+again, as docs/guarantees.md tells an owner to: what the co-tenant planted is still
 there. Root ignores file modes, so that the owner is not stopped by them:
 what stops it is walbuf's own checks (docs/security.md).
 """
@@ -81,7 +81,7 @@ def cron(server, buffer):
 def opened_to_the_group(buffer: Path, folder: Path, cotenant):
     """``folder`` of ``buffer`` writable by the project group, as walbuf before issue 22 left it at umask 002.
 
-    Afterwards the buffer is made private again with README's command
+    Afterwards the buffer is made private again with the command docs/guarantees.md gives
     (``chmod -R go-w``): what was planted meanwhile stays.
     """
     for path in (buffer, folder):

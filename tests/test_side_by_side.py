@@ -6,7 +6,7 @@ list among its evaluation metrics) runs twice: once with W&B's integration
 in offline mode, uploaded by `wandb sync`, once with walbuf's, uploaded by
 `walbuf sync`, both into the fake server. What the server ends with must
 be the same: history names and values at the same framework steps, each
-key's step metric, the summary, the config. The differences README states:
+key's step metric, the summary, the config. The differences docs/integrations.md states:
 
 - W&B's integration makes a new run for the resumed job (unless told the
   run's id), walbuf's run holds both phases: walbuf's history is W&B's two

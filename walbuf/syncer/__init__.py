@@ -10,7 +10,7 @@
 - :mod:`.wandb_run`: the one module that imports wandb
 - :mod:`.results`: what a sync did
 
-The key scheme (README): a writer with prefix ``p`` (by default its writer
+The key scheme (docs/logging.md): a writer with prefix ``p`` (by default its writer
 id) has its metric ``k`` logged as ``p/k`` and its step as ``p/<step_axis>``,
 declared with ``define_metric("p/*", step_metric="p/<step_axis>")``, so two
 ranks' ``loss`` stay apart. With the prefix "" keys and axis are sent as
