@@ -111,3 +111,28 @@ def test_only_the_wandb_adapter_imports_wandb():
             if any(n == "wandb" or n.startswith("wandb.") for n in names):
                 importers.append(module_name(path))
     assert sorted(set(importers)) == ["walbuf.syncer.wandb_run"]
+
+
+def test_every_package_of_walbuf_is_installed():
+    import tomllib
+
+    listed = set(tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {module_name(init.parent / "__init__.py") for init in PACKAGE.rglob("__init__.py")}
+    assert found <= listed, f"add {sorted(found - listed)} to [tool.setuptools] packages in pyproject.toml"
+
+
+def test_a_contributor_makes_the_next_revision_with_alembic_from_the_checkouts_root(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    root = PACKAGE.parent
+    shutil.copy(root / "alembic.ini", tmp_path)
+    shutil.copytree(root / "migrations", tmp_path / "migrations", ignore=shutil.ignore_patterns("__pycache__"))
+    alembic = [sys.executable, "-m", "alembic", "-c", str(tmp_path / "alembic.ini")]
+    made = subprocess.run([*alembic, "revision", "--rev-id", "9999", "-m", "a probe"], capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    (revision,) = (tmp_path / "migrations" / "versions").glob("9999_*.py")
+    assert revision.name == "9999_a_probe.py"
+    heads = subprocess.run([*alembic, "heads"], capture_output=True, text=True)
+    assert heads.stdout.split()[0] == "9999", heads.stderr

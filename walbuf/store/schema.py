@@ -1,12 +1,14 @@
 """The schema of a buffer: its tables, its revisions, and bringing a database up to date.
 
-The schema belongs to the Alembic migrations in walbuf/migrations/; the
-tables here must match them (a test compares the two). Storage applies them
-when it opens a buffer for writing (see walbuf.store.storage).
+The schema belongs to the Alembic migrations in migrations/ (installed as
+walbuf.migrations); the tables here must match them (a test compares the
+two). Storage applies them when it opens a buffer for writing (see
+walbuf.store.storage).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Iterable
 
@@ -308,9 +310,11 @@ def upgrade(conn: sa.Connection, target: str = "head") -> None:
     from alembic import command
     from alembic.config import Config
 
-    from .. import migrations
+    # Installed as walbuf.migrations (from migrations/ of the checkout: see pyproject.toml).
+    migrations = importlib.util.find_spec("walbuf.migrations")
+    assert migrations is not None and migrations.origin is not None
 
     config = Config()
-    config.set_main_option("script_location", os.path.dirname(migrations.__file__))
+    config.set_main_option("script_location", os.path.dirname(migrations.origin))
     config.attributes["connection"] = conn
     command.upgrade(config, target)
