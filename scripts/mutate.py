@@ -122,9 +122,9 @@ def main() -> None:
     survivors = []
     with tempfile.TemporaryDirectory(prefix="walbuf-mutate-") as tmp:
         copy = Path(tmp)
-        for part in ("walbuf", "tests", "scripts", "docs"):
+        for part in ("walbuf", "migrations", "tests", "scripts", "docs"):
             shutil.copytree(ROOT / part, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
-        for part in ("pyproject.toml", "README.md"):
+        for part in ("pyproject.toml", "README.md", "alembic.ini"):
             shutil.copy(ROOT / part, copy / part)
         if _pytest(copy, tests, None) != 0:
             sys.exit("the tests fail with no mutant: fix them first")

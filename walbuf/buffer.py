@@ -26,7 +26,8 @@ from typing import Protocol, Union
 import sqlalchemy as sa
 
 from .directory import DirectoryBuffer
-from .directory.buffer import SyncSource, check_directory
+from .directory.buffer import Backlog, SyncSource, check_directory
+from .directory.lease import Lease
 from .errors import BufferNotFoundError, ConfigError, NotABufferError
 from .record import Record
 from .store import Access, Durability, Storage
@@ -117,6 +118,27 @@ class DatabaseBuffer:
     def open_segment(self, durability: Durability) -> DatabaseSegment:
         return DatabaseSegment(Storage(self.backend, access="create", durability=durability))
 
+    # A database holds every record itself: it has no shards waiting, set
+    # aside or to remove, and nothing in it walbuf does not open.
+
+    def backlog(self) -> list[Backlog]:
+        return []
+
+    def set_aside(self) -> list[tuple[str, str]]:
+        return []
+
+    def not_opened(self) -> list[str]:
+        return []
+
+    def all_in_store(self) -> bool:
+        return True
+
+    def remove_ingested(self, older_than: float, hub: Storage | None) -> tuple[int, list[str]]:
+        return 0, []
+
+    def hold_shard(self) -> None:
+        return None
+
 
 class DatabaseSegment:
     """A writer's segment of a database buffer: the whole database, for as long as the writer lives."""
@@ -136,8 +158,85 @@ class DatabaseSegment:
         self.storage.abandon()
 
 
-Buffer = DatabaseBuffer | DirectoryBuffer
-"""A buffer location, as :func:`open_buffer` resolved it."""
+class Buffer(Protocol):
+    """A buffer location, as :func:`open_buffer` resolved it: what every kind provides, and all that callers ask.
+
+    Implemented by :class:`DatabaseBuffer` (SQLite, PostgreSQL) and
+    :class:`~walbuf.directory.DirectoryBuffer`; tests/test_buffer_kinds.py is
+    the conformance test each passes. Nothing here creates or changes a
+    buffer unless it says so.
+    """
+
+    @property
+    def location(self) -> str:
+        """For messages: a path, or a URL without its password."""
+        ...
+
+    def open_store(self, access: Access) -> Storage | None:
+        """The database sync uploads from, opened with ``access``; None if none is made yet (a directory buffer's hub
+        before its first sync; "create" makes it)."""
+        ...
+
+    def open_segment(self, durability: Durability) -> Segment:
+        """Where the writers of this process append now."""
+        ...
+
+    def open_for_sync(self, stop: Callable[[], bool] | None = None, *, check: bool = True) -> SyncSource:
+        """Everything brought into the store sync uploads from (shards taken in), checked for damage unless ``check``
+        is off; the caller holds the sync lock."""
+        ...
+
+    def sync_lock(self) -> Lock:
+        """The lock only one syncer of the buffer holds (taken by the caller)."""
+        ...
+
+    def sync_running(self) -> bool:
+        """Whether a syncer holds the sync lock now."""
+        ...
+
+    def writer_alive(self, run: str, writer: str) -> bool:
+        """Whether a process holds ``writer`` of ``run`` open now."""
+        ...
+
+    def writer_close_note(self, run: str, writer: str) -> int | None:
+        """The exit code ``writer`` of ``run`` noted as it last closed; None if it did not."""
+        ...
+
+    def records(
+        self, run: str | None = None, writer: str | None = None, *, quarantined: bool = False
+    ) -> Iterator[Record]:
+        """Every record this host can see (of one run / writer; only the quarantined ones), in the order logged."""
+        ...
+
+    def size(self) -> int:
+        """Bytes the buffer takes."""
+        ...
+
+    def backlog(self) -> list[Backlog]:
+        """Each shard whose records the store does not hold yet (a database: none)."""
+        ...
+
+    def set_aside(self) -> list[tuple[str, str]]:
+        """(shard id, why) of each shard a sync set aside (a database: none)."""
+        ...
+
+    def not_opened(self) -> list[str]:
+        """Why walbuf does not open each thing there it does not trust or name, a message each (a database: none)."""
+        ...
+
+    def all_in_store(self) -> bool:
+        """Whether the store holds every record there is (a database: always)."""
+        ...
+
+    def remove_ingested(self, older_than: float, hub: Storage | None) -> tuple[int, list[str]]:
+        """Delete the shards the store ``hub`` holds whole, sealed over ``older_than`` seconds ago: how many, and a
+        message for each kept (a database: none). Changes the buffer."""
+        ...
+
+    def hold_shard(self) -> Lease | None:
+        """Keep using this host's live shard until the lease is released (a database: nothing to hold, None)."""
+        ...
+
 
 Location = Union[str, "os.PathLike[str]", DatabaseBuffer, DirectoryBuffer]
 """What walbuf's functions take as a buffer: a path, a URL, or a Buffer."""

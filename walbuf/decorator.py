@@ -9,12 +9,10 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from . import expiry
 from .buffer import Buffer, Location
-from .directory import DirectoryBuffer
 from .directory.lease import Lease
 from .settings import WriterSettings
 from .writer import Writer
@@ -69,7 +67,7 @@ def logged(buffer: Location | None = None, **options: Unpack[WriterOptions]) -> 
 
 
 # The shard this process keeps using, per directory buffer: (pid, lease).
-_kept: dict[Path, tuple[int, Lease]] = {}
+_kept: dict[str, tuple[int, Lease]] = {}  # by buffer location
 _kept_lock = threading.Lock()
 
 
@@ -83,10 +81,8 @@ os.register_at_fork(after_in_child=_new_kept_lock)
 
 def _keep_shard(buffer: Buffer) -> None:
     """On a directory buffer: hold this host's live shard between calls (see logged)."""
-    if not isinstance(buffer, DirectoryBuffer):
-        return
     with _kept_lock:
-        held = _kept.get(buffer.root)
+        held = _kept.get(buffer.location)
         if held is not None:
             pid, lease = held
             if pid != os.getpid():
@@ -95,17 +91,19 @@ def _keep_shard(buffer: Buffer) -> None:
                 return
             else:
                 lease.release()  # expired: sealed if no writer uses it
-            del _kept[buffer.root]
-        lease = buffer.hold_shard()
-        _kept[buffer.root] = (os.getpid(), lease)
+            del _kept[buffer.location]
+        new = buffer.hold_shard()
+        if new is None:
+            return  # a database buffer: no shard to hold
+        _kept[buffer.location] = (os.getpid(), new)
     # An idle process lets go of it once it expires (see walbuf.expiry).
-    expiry.call_at(lease.expires, functools.partial(_let_go_if_expired, buffer.root, lease))
+    expiry.call_at(new.expires, functools.partial(_let_go_if_expired, buffer.location, new))
 
 
-def _let_go_if_expired(root: Path, lease: Lease) -> None:
+def _let_go_if_expired(location: str, lease: Lease) -> None:
     with _kept_lock:
-        if _kept.get(root) == (os.getpid(), lease):
-            del _kept[root]
+        if _kept.get(location) == (os.getpid(), lease):
+            del _kept[location]
             lease.release()
 
 

@@ -179,6 +179,20 @@ class DirectoryBuffer:
             if hub is not None:
                 hub.close()
 
+    def set_aside(self) -> list[tuple[str, str]]:
+        """(shard id, why) of each shard a sync set aside in quarantine/, oldest first. Reads only."""
+        return [(path.stem, why) for path, why in self.layout.quarantined()]
+
+    def not_opened(self) -> list[str]:
+        """Why walbuf does not open each thing in the buffer it does not trust or name, a message each. Reads only."""
+        return [stranger.why for stranger in self.layout.strangers()]
+
+    def all_in_store(self) -> bool:
+        """Whether the store a sync uploads from (the hub) holds every record there is: no shard waits outside it,
+        none was set aside, and nothing walbuf does not open lies there. Reads only."""
+        scan = self.layout.scan()
+        return not (any(s.state != "ingested" for s in scan.shards) or scan.strangers or self.layout.quarantined())
+
     def not_in_hub(self, shard: Shard, hub: Storage | None) -> int:
         """How many of a shard's records ``hub`` (this buffer's, open; None: not made yet) lacks."""
         with ShardReader.of(self.layout, shard) as reader:

@@ -66,10 +66,15 @@ def doctor(buffer: Location) -> DoctorReport:
     """
     located = open_buffer(buffer)
     findings: list[Finding] = []
+    # The one caller that looks at the kind: doctor examines what each keeps
+    # on disk or on its server (files and their owners, shards, a server's
+    # settings), which is the kind's own.
     if isinstance(located, DirectoryBuffer):
         _directory(findings, located)
-    else:
+    elif isinstance(located, DatabaseBuffer):
         _database(findings, located)
+    else:
+        raise TypeError(f"doctor does not know buffers of kind {type(located).__name__}")
     return DoctorReport(located.location, tuple(findings))
 
 

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from ..buffer import Location, open_buffer
-from ..directory import DirectoryBuffer
 from ..errors import ConfigError
 from ..store import Storage
 from ..store.schema import quarantine, records, writers
@@ -67,21 +66,17 @@ def prune(buffer: Location, *, older_than: float, vacuum: bool = True) -> PruneR
     ):
         raise ConfigError(f"older_than must be a finite number of seconds >= 0, not {older_than!r}")
     located = open_buffer(buffer)
-    if isinstance(located, DirectoryBuffer):
+    deleted = 0
+    store = located.open_store("write")  # None: a directory buffer no sync has made a hub for yet
+    if store is None:
         before = located.size()
-        deleted = 0
-        hub = located.open_store("write")
-        if hub is None:
-            removed, kept = located.remove_ingested(older_than, None)
-        else:
-            with hub:
-                deleted = _delete_synced(hub, older_than, vacuum)
-                removed, kept = located.remove_ingested(older_than, hub)
-        return PruneResult(deleted, before, located.size(), removed, tuple(kept))
-    with located.open_store("write") as storage:
-        before = storage.size()
-        deleted = _delete_synced(storage, older_than, vacuum)
-        return PruneResult(deleted, before, storage.size())
+        removed, kept = located.remove_ingested(older_than, None)
+    else:
+        with store:
+            before = located.size()  # once opened: an older buffer is upgraded first
+            deleted = _delete_synced(store, older_than, vacuum)
+            removed, kept = located.remove_ingested(older_than, store)
+    return PruneResult(deleted, before, located.size(), removed, tuple(kept))
 
 
 PRUNE_BATCH = 1000  # records per transaction: writers wait for one batch at most, never the whole prune

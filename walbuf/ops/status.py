@@ -9,7 +9,6 @@ from typing import Any, Literal, cast
 import sqlalchemy as sa
 
 from ..buffer import Location, open_buffer
-from ..directory import DirectoryBuffer
 from ..store.schema import quarantine, records, runs, syncs, writers
 
 SyncState = Literal["running", "ok", "failed", "interrupted"]
@@ -109,20 +108,19 @@ def status(buffer: Location) -> BufferStatus:
     shard_status: list[ShardStatus] = []
     damaged: list[str] = []
     strangers: list[str] = []
-    if isinstance(located, DirectoryBuffer):
-        shard_status = [
-            ShardStatus(
-                e.shard.id,
-                e.shard.host,
-                "live" if e.shard.state == "live" else "sealed",
-                e.shard.gen / 1e9,
-                e.not_in_hub,
-                e.refused,
-            )
-            for e in located.backlog()
-        ]
-        damaged = [f"{path.stem}: {why}" for path, why in located.layout.quarantined()]
-        strangers = [stranger.why for stranger in located.layout.strangers()]
+    shard_status = [
+        ShardStatus(
+            e.shard.id,
+            e.shard.host,
+            "live" if e.shard.state == "live" else "sealed",
+            e.shard.gen / 1e9,
+            e.not_in_hub,
+            e.refused,
+        )
+        for e in located.backlog()
+    ]
+    damaged = [f"{shard}: {why}" for shard, why in located.set_aside()]
+    strangers = located.not_opened()
     return BufferStatus(located.location, tuple(run_status), tuple(shard_status), tuple(damaged), tuple(strangers))
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from ..buffer import Buffer
-from ..directory import DirectoryBuffer
 from ..store import Storage
 from ..store.schema import records, runs, writers
 
@@ -61,10 +60,8 @@ def outcome(storage: Storage, buffer: Buffer, run: str) -> int | None:
         return None
     if row.wandb_id is None:
         return None  # never uploaded: there is no W&B run to finish
-    if isinstance(buffer, DirectoryBuffer):
-        scan = buffer.layout.scan()
-        if any(s.state != "ingested" for s in scan.shards) or scan.strangers or buffer.layout.quarantined():
-            return None  # records of this run may be in a shard the hub has not taken in (or set aside, or refused)
+    if not buffer.all_in_store():
+        return None  # records of this run may be in a shard the hub has not taken in (or set aside, or refused)
     died = False  # or failed
     for member in members:
         if member.closed_at is not None:

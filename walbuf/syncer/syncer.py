@@ -36,7 +36,6 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from ..buffer import Buffer, Location, open_buffer
-from ..directory import DirectoryBuffer
 from ..errors import ConfigError, SyncLockedError, UploadError
 from ..store import Storage, Target
 from ..store.schema import syncs
@@ -264,16 +263,13 @@ def _dry_run(buffer: Buffer, run: str | None, overrides: Target, mode: SyncMode,
                 found = plan(storage, name, overrides, mode, budget, dry_run=True)
                 if found is not None:
                     planned.append(found.report)
-    not_in_hub = unreadable = 0
-    refused: tuple[str, ...] = ()
-    if isinstance(buffer, DirectoryBuffer):
-        backlog = buffer.backlog()
-        not_in_hub = sum(e.not_in_hub for e in backlog if e.not_in_hub is not None)
-        unreadable = sum(1 for e in backlog if e.not_in_hub is None and e.refused is None)
-        refused = (
-            *(f"the next sync sets shard {e.shard.id} aside: {e.refused}" for e in backlog if e.refused is not None),
-            *(stranger.why for stranger in buffer.layout.strangers()),
-        )
+    backlog = buffer.backlog()
+    not_in_hub = sum(e.not_in_hub for e in backlog if e.not_in_hub is not None)
+    unreadable = sum(1 for e in backlog if e.not_in_hub is None and e.refused is None)
+    refused = (
+        *(f"the next sync sets shard {e.shard.id} aside: {e.refused}" for e in backlog if e.refused is not None),
+        *buffer.not_opened(),
+    )
     return SyncResult(
         runs=tuple(planned), dry_run=True, not_in_hub=not_in_hub, unreadable_shards=unreadable, refused=refused
     )
