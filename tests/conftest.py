@@ -30,6 +30,18 @@ import walbuf
 POSTGRES = os.environ.get("WALBUF_TEST_POSTGRES")
 
 
+# Test modules that are slow as a whole (each marks itself so) and import a
+# framework (torch and Lightning, Transformers, Accelerate) when collected.
+FRAMEWORK_MODULES = {"test_lightning.py", "test_transformers.py", "test_accelerate.py", "test_side_by_side.py"}
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """The quick loop (-m "not slow") does not even import the framework modules: that alone took 5 s of it."""
+    if collection_path.name in FRAMEWORK_MODULES and "not slow" in (config.getoption("markexpr") or ""):
+        return True
+    return None
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Run each test that takes a buffer once per backend its `backends` marker names."""
     if "backend" in metafunc.fixturenames:

@@ -192,7 +192,7 @@ operations = st.lists(
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=operations)
 def test_over_any_logs_and_syncs_cursors_only_advance_and_w_and_b_confirms_each_record_once_in_order(
     tmp_path_factory, ops
