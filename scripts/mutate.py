@@ -9,7 +9,7 @@ never changed.
 
     python scripts/mutate.py walbuf/syncer/plan.py [--tests "tests/test_upload.py"] [--timeout 300]
 
---tests is what pytest gets (default: the quick loop, -m "not slow").
+--tests is what pytest gets (default: the quick loop, -m "not slow" -n auto).
 docs/testing.md records the scores per core module.
 """
 
@@ -112,7 +112,7 @@ def _pytest(tree_copy: Path, tests: list[str], timeout: float | None) -> int | N
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("module", type=Path)
-    parser.add_argument("--tests", default='-m "not slow"', help="pytest's arguments (default: the quick loop)")
+    parser.add_argument("--tests", default='-m "not slow" -n auto', help="pytest's arguments (default: the quick loop)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one test run may take")
     args = parser.parse_args()
     module = args.module.resolve().relative_to(ROOT)

@@ -33,6 +33,7 @@ class Upload:
     """What one upload handed the run: its rows in order, and how it ended."""
 
     target: Target
+    name: str | None  # the display name, given only when the upload makes the W&B run
     config: dict[str, Any] | None
     rows: list[dict[str, Any]] = field(default_factory=list)
     definitions: list[tuple[str, str]] = field(default_factory=list)
@@ -49,7 +50,7 @@ class StandIn:
     fail_next: int = 0
 
     def open(self, target: Target, name: str | None, mode: str, directory: Path, **options: Any) -> RecordingRun:
-        upload = Upload(target, options.get("config"))
+        upload = Upload(target, name, options.get("config"))
         self.uploads.append(upload)
         failing = self.fail_next > 0
         self.fail_next -= failing
@@ -94,12 +95,14 @@ class RecordingRun:
         self.upload.finished, self.upload.exit_code = True, exit_code
 
 
-def sync_in_process(buffer: Path, stand_in: StandIn, max_records: int | None = None) -> walbuf.SyncResult:
+def sync_in_process(
+    buffer: Path, stand_in: StandIn, max_records: int | None = None, run: str | None = None
+) -> walbuf.SyncResult:
     located = open_buffer(buffer)
     with contextlib.suppress(UploadError):
         return sync_pass(
             located,
-            None,
+            run,
             Target(),
             "online",
             buffer.parent / "wandb",
@@ -179,6 +182,60 @@ def test_a_sync_cut_short_never_moves_a_cursor_back(buffer):
             sync_in_process(buffer, stand_in, max_records=1)
             after = synced_ids(buffer)
     assert after["a"] == 1 and after["b"] == before["b"] == 3
+
+
+def test_every_run_of_the_buffer_is_uploaded_into_its_own_w_and_b_run(buffer):
+    stand_in = StandIn()
+    for run in ("exp1", "exp2"):
+        with walbuf.Writer(buffer, writer="a", run=run) as a:
+            a.log({"x": 0})
+    result = sync_in_process(buffer, stand_in)
+    assert [r.run for r in result.runs] == ["exp1", "exp2"]
+    assert len({u.target.wandb_id for u in stand_in.uploads}) == 2
+
+
+def test_the_w_and_b_run_is_named_when_it_is_made_and_never_again(buffer):
+    stand_in = StandIn()
+    with walbuf.Writer(buffer, writer="a", run="exp1") as a:
+        a.log({"x": 0})
+        sync_in_process(buffer, stand_in)
+        a.log({"x": 1})
+        sync_in_process(buffer, stand_in)
+    assert [u.name for u in stand_in.uploads] == ["exp1", None]  # a rename made in W&B stays
+
+
+def test_a_sync_leaves_its_entry_as_the_runs_last_sync(buffer):
+    stand_in = StandIn()
+    with walbuf.Writer(buffer, writer="a", run="exp1") as a:
+        for i in range(2):
+            a.log({"x": i})
+        sync_in_process(buffer, stand_in)
+    last = walbuf.status(buffer).runs[0].last_sync
+    assert last is not None and (last.status, last.records) == ("ok", 2)
+
+
+def test_a_dry_run_after_everything_was_sent_plans_nothing(buffer):
+    stand_in = StandIn()
+    with walbuf.Writer(buffer, writer="a", run="exp1") as a:
+        a.log({"x": 0})
+        sync_in_process(buffer, stand_in)
+        assert walbuf.sync(buffer, dry_run=True).runs == ()
+
+
+def test_a_run_the_buffer_lacks_is_refused_naming_those_it_has(buffer):
+    with walbuf.Writer(buffer, writer="a", run="exp1") as a:
+        a.log({"x": 0})
+    with pytest.raises(walbuf.ConfigError, match=r"no run 'nope' .* \(runs: 'exp1'\)"):
+        walbuf.sync(buffer, run="nope", dry_run=True)
+
+
+def test_a_w_and_b_run_id_for_a_buffer_of_several_runs_needs_the_run(buffer):
+    for run in ("exp1", "exp2"):
+        with walbuf.Writer(buffer, writer="a", run=run) as a:
+            a.log({"x": 0})
+    with pytest.raises(walbuf.ConfigError, match="choose one with --run NAME"):
+        walbuf.sync(buffer, run_id="abc123", dry_run=True)
+    assert [r.run for r in walbuf.sync(buffer, run="exp2", run_id="abc123", dry_run=True).runs] == ["exp2"]
 
 
 # One operation of a job and its syncs: a writer logs a record, or a sync
