@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..errors import StorageError
 from ..store.flock import held
-from ..store.sqlite import COMPANIONS, harden
+from ..store.sqlite import COMPANIONS, failure, harden
 from ..store.trust import Owner
 from .layout import Layout, Shard, rotate_seconds
 
@@ -169,9 +169,9 @@ def _seal(layout: Layout, owner: Owner, host: str, path: Path, *, foreign: bool)
             conn.close()
     except sqlite3.DatabaseError as exc:
         message = str(exc)
-        if "malformed" in message or "not a database" in message:
+        if failure(exc) == "corrupt":
             return message
-        if "locked" in message or "busy" in message:
+        if failure(exc) == "busy":
             raise _Busy from exc
         raise StorageError(f"shard {path} could not be sealed ({message}); nothing was changed") from exc
     fd = owner.open(path, os.O_RDONLY)

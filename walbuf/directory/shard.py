@@ -24,7 +24,7 @@ from urllib.parse import quote
 from ..errors import BufferCorruptError, ConfigError, SchemaTooNewError, StorageError
 from ..store import Target
 from ..store.schema import KNOWN_REVISIONS, check_objects, foreign_objects
-from ..store.sqlite import COMPANIONS, harden
+from ..store.sqlite import COMPANIONS, failure, harden
 from ..store.target import check_target
 from .layout import Layout, Shard
 
@@ -303,17 +303,17 @@ class ShardReader:
         except sqlite3.Error as exc:
             if self._stopped is not None:
                 raise self._stopped from None
-            if isinstance(exc, sqlite3.OperationalError) and str(exc) == "interrupted":
+            if failure(exc) == "interrupted":
                 raise ReadStopped(f"reading shard {self.path} stopped at the sync's time bound") from None
             if not os.path.lexists(self.path):  # sealed meanwhile: its -wal and -shm went with it
                 raise ShardGone(f"shard {self.path} is gone (sealed or taken in meanwhile)") from exc
             raise self._error(exc) from exc
 
     def _error(self, exc: sqlite3.Error) -> StorageError:
-        message = str(exc)
-        if isinstance(exc, sqlite3.DatabaseError) and ("not a database" in message or "malformed" in message):
+        message, kind = str(exc), failure(exc)
+        if kind == "corrupt":
             return BufferCorruptError(f"shard {self.path} is not a readable walbuf shard ({message})")
-        if isinstance(exc, sqlite3.DataError) or "too big" in message:
+        if kind == "too big":
             return BufferCorruptError(
                 f"shard {self.path} holds a value over {MAX_VALUE_BYTES:,} bytes, which walbuf never writes"
             )

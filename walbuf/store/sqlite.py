@@ -7,7 +7,7 @@ import os
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote
 
 import sqlalchemy as sa
@@ -297,30 +297,57 @@ class SQLiteBackend(Backend):
         return sum(p.stat().st_size for p in files if p.exists())
 
     def error(self, exc: BaseException | None) -> StorageError:
-        path, message = self.path, str(exc)
-        if isinstance(exc, sqlite3.OperationalError) and "locked" in message:
+        path, message, kind = self.path, str(exc), failure(exc)
+        if kind == "busy":
             return BufferBusyError(
                 f"{path}: the database stayed locked past the busy timeout ({message});"
                 f" another process holds a long write transaction: find it with `fuser {path}`"
             )
-        if isinstance(exc, sqlite3.OperationalError) and "readonly" in message:
-            if getattr(exc, "sqlite_errorname", "") == "SQLITE_READONLY_DIRECTORY":
+        if kind == "read-only":
+            if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_READONLY_DIRECTORY:
                 return self.not_writable(
                     f"{message}: SQLite cannot create {path.name}-shm in {path.parent},"
                     " which it needs to open a WAL database"
                 )
             return self.not_writable(message)
-        if isinstance(exc, sqlite3.OperationalError) and "unable to open" in message and self.path.exists():
-            if not os.access(self.path.parent, os.W_OK):  # a -wal without its -shm, say
-                return self.not_writable(f"{message}: SQLite cannot create its files in {path.parent}")
-        if isinstance(exc, sqlite3.OperationalError) and "full" in message:
+        if kind == "cannot open" and self.path.exists() and not os.access(self.path.parent, os.W_OK):
+            # a -wal without its -shm, say
+            return self.not_writable(f"{message}: SQLite cannot create its files in {path.parent}")
+        if kind == "full":
             return BufferFullError(
                 f"{path}: the disk is full ({message}); the record was not written and every"
                 " earlier one is intact: free space (walbuf prune removes synced records), then log again"
             )
-        if isinstance(exc, sqlite3.DatabaseError) and ("not a database" in message or "malformed" in message):
+        if kind == "corrupt":
             return BufferCorruptError(f"{path} is not a readable walbuf buffer ({message})")
         return StorageError(f"{path}: {message}")
+
+
+SQLiteFailure = Literal["busy", "read-only", "cannot open", "full", "corrupt", "too big", "interrupted", "other"]
+
+# SQLite's primary result codes (the low byte of an extended one), by what they mean to walbuf.
+_FAILURES: dict[int, SQLiteFailure] = {
+    sqlite3.SQLITE_BUSY: "busy",
+    sqlite3.SQLITE_LOCKED: "busy",
+    sqlite3.SQLITE_READONLY: "read-only",
+    sqlite3.SQLITE_CANTOPEN: "cannot open",
+    sqlite3.SQLITE_FULL: "full",
+    sqlite3.SQLITE_CORRUPT: "corrupt",
+    sqlite3.SQLITE_NOTADB: "corrupt",
+    sqlite3.SQLITE_TOOBIG: "too big",
+    sqlite3.SQLITE_INTERRUPT: "interrupted",
+}
+
+
+def failure(exc: BaseException | None) -> SQLiteFailure:
+    """What an sqlite3 error means, by SQLite's result code: the one place walbuf sorts SQLite's errors.
+
+    Never by the message's text, which SQLite words differently across
+    versions. An error without a code (one the sqlite3 module raises
+    itself, a closed connection say) is "other".
+    """
+    code = getattr(exc, "sqlite_errorcode", None)
+    return "other" if code is None else _FAILURES.get(code & 0xFF, "other")
 
 
 def _checkpoint_and_yield(driver: sqlite3.Connection) -> None:
