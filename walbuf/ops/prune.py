@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from ..buffer import Location, open_buffer
 from ..errors import ConfigError
 from ..store import Storage
-from ..store.schema import quarantine, records, writers
+from ..store.schema import pending, quarantine, records, writers
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -91,7 +91,7 @@ def _delete_synced(storage: Storage, older_than: float, vacuum: bool) -> int:
     """
     cutoff = time.time() - older_than
     cursor = sa.select(writers.c.synced_id).where(writers.c.id == records.c.writer_id).scalar_subquery()
-    doomed = sa.and_(records.c.time < cutoff, records.c.id <= cursor)
+    doomed = sa.and_(records.c.time < cutoff, sa.not_(pending(cursor)))
     deleted, after = 0, 0
     newest: int | None = None
     while True:

@@ -9,7 +9,7 @@ from typing import Any, Literal, cast
 import sqlalchemy as sa
 
 from ..buffer import Location, open_buffer
-from ..store.schema import quarantine, records, runs, syncs, writers
+from ..store.schema import pending, quarantine, records, runs, syncs, writers
 
 SyncState = Literal["running", "ok", "failed", "interrupted"]
 
@@ -132,7 +132,7 @@ def read_runs(conn: sa.Connection) -> list[RunStatus]:
             sa.select(
                 records.c.writer_id,
                 sa.func.count().label("records"),
-                sa.func.sum(sa.case((records.c.id > writers.c.synced_id, 1), else_=0)).label("pending"),
+                sa.func.sum(sa.case((pending(), 1), else_=0)).label("pending"),
                 sa.func.max(records.c.step).label("last_step"),
             )
             .select_from(records.join(writers))

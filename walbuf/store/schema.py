@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import sqlalchemy as sa
 
@@ -205,6 +205,22 @@ writer_leases = sa.Table(
 _ALWAYS = frozenset({"alembic_version", "runs", "writers", "records"})
 # Every table walbuf makes, of any revision: metric_keys was made by 0002 and dropped by 0008.
 WALBUF_TABLES = frozenset(metadata.tables) | {"alembic_version", "metric_keys"}
+
+
+def pending(cursor: sa.ColumnElement[int] | None = None) -> sa.ColumnElement[bool]:
+    """Whether a record is pending, not yet confirmed by W&B: its id is above its writer's sync cursor.
+
+    The one definition. ``cursor`` is the writer's cursor as the query has
+    it: by default writers.synced_id (the query joins writers), else
+    :func:`cursors` of the writers read beforehand.
+    """
+    return records.c.id > (writers.c.synced_id if cursor is None else cursor)
+
+
+def cursors(synced_ids: Mapping[int, int]) -> sa.ColumnElement[int]:
+    """Each record's writer's cursor, from ``synced_ids`` (writer id -> synced_id), for :func:`pending` without a
+    join."""
+    return sa.case(dict(synced_ids), value=records.c.writer_id)
 
 
 def foreign_objects(objects: Iterable[tuple[str, str, str]]) -> list[str]:

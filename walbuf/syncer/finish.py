@@ -28,7 +28,7 @@ import sqlalchemy as sa
 
 from ..buffer import Buffer
 from ..store import Storage
-from ..store.schema import records, runs, writers
+from ..store.schema import cursors, pending, records, runs, writers
 
 EXIT_ALL_CLOSED = 0
 EXIT_A_WRITER_DIED = 1
@@ -46,13 +46,12 @@ def outcome(storage: Storage, buffer: Buffer, run: str) -> int | None:
         ).all()
         if not members:
             return None
-        cursor = sa.case({m.id: m.synced_id for m in members}, value=records.c.writer_id)
         waiting = conn.execute(
             sa.select(records.c.id)
             .where(
                 records.c.id > min(m.synced_id for m in members),
                 records.c.writer_id.in_([m.id for m in members]),
-                records.c.id > cursor,
+                pending(cursors({m.id: m.synced_id for m in members})),
             )
             .limit(1)
         ).first()

@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from ..errors import ConfigError, TargetRefusedError
 from ..store import Storage, Target
 from ..store.claims import wandb_key
-from ..store.schema import config_entries, inserted_id, records, runs, syncs, writers
+from ..store.schema import config_entries, cursors, inserted_id, pending, records, runs, syncs, writers
 from ..store.target import merge_target, read_target, set_target
 from .budget import Budget
 from .results import RunSync, SyncMode
@@ -215,12 +215,11 @@ def _settle(
 
 def pending_filter(found: dict[int, PlanWriter], low: int, high: int) -> sa.ColumnElement[bool]:
     """Records of these writers past their cursors, with low < id <= high."""
-    cursor = sa.case({w.id: w.synced_id for w in found.values()}, value=records.c.writer_id)
     return sa.and_(
         records.c.id > low,
         records.c.id <= high,
         records.c.writer_id.in_(list(found)),
-        records.c.id > cursor,
+        pending(cursors({w.id: w.synced_id for w in found.values()})),
     )
 
 
