@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import walbuf
 from walbuf.buffer import open_buffer
-from walbuf.errors import UploadError
+from walbuf.errors import TargetRefusedError, UploadError
 from walbuf.store import Target
 from walbuf.syncer.budget import Budget
 from walbuf.syncer.syncer import sync_pass
@@ -48,8 +48,11 @@ class StandIn:
 
     uploads: list[Upload] = field(default_factory=list)
     fail_next: int = 0
+    refuse_target: bool = False  # W&B refuses the run's target when the run is opened (a 403, say)
 
     def open(self, target: Target, name: str | None, mode: str, directory: Path, **options: Any) -> RecordingRun:
+        if self.refuse_target:
+            raise TargetRefusedError(f"W&B refused opening W&B run {target.wandb_id!r} (HTTP 403): permission denied")
         upload = Upload(target, name, options.get("config"))
         self.uploads.append(upload)
         failing = self.fail_next > 0
@@ -96,15 +99,21 @@ class RecordingRun:
 
 
 def sync_in_process(
-    buffer: Path, stand_in: StandIn, max_records: int | None = None, run: str | None = None
+    buffer: Path,
+    stand_in: StandIn,
+    max_records: int | None = None,
+    run: str | None = None,
+    overrides: Target | None = None,
+    mode: str = "online",
 ) -> walbuf.SyncResult:
     located = open_buffer(buffer)
+    overrides = overrides or Target()
     with contextlib.suppress(UploadError):
         return sync_pass(
             located,
             run,
-            Target(),
-            "online",
+            overrides,
+            mode,
             buffer.parent / "wandb",
             Budget(max_records, None),
             open_run=stand_in.open,
@@ -236,6 +245,36 @@ def test_a_w_and_b_run_id_for_a_buffer_of_several_runs_needs_the_run(buffer):
     with pytest.raises(walbuf.ConfigError, match="choose one with --run NAME"):
         walbuf.sync(buffer, run_id="abc123", dry_run=True)
     assert [r.run for r in walbuf.sync(buffer, run="exp2", run_id="abc123", dry_run=True).runs] == ["exp2"]
+
+
+def test_a_target_w_and_b_refused_is_not_used_again_until_a_sync_gives_another(buffer):
+    stand_in = StandIn(refuse_target=True)
+    with walbuf.Writer(buffer, writer="a", run="exp1", project="theirs") as a:
+        a.log({"x": 0})
+    with pytest.raises(TargetRefusedError):
+        sync_in_process(buffer, stand_in)
+    stand_in.refuse_target = False
+    with pytest.raises(TargetRefusedError, match="give another with --project"):
+        sync_in_process(buffer, stand_in)
+    assert stand_in.uploads == []
+    sync_in_process(buffer, stand_in, overrides=Target(project="mine"))
+    assert {u.target.project for u in stand_in.uploads} == {"mine"}  # the rows' upload, then the finishing one
+    assert steps(stand_in.confirmed_rows(), "a") == [0]
+    assert walbuf.status(buffer).runs[0].project == "mine"  # kept for the syncs after
+
+
+def test_a_run_synced_offline_goes_online_only_into_a_new_w_and_b_run(buffer, tmp_path):
+    stand_in = StandIn()
+    with walbuf.Writer(buffer, writer="a", run="exp1") as a:
+        a.log({"x": 0})
+        sync_in_process(buffer, stand_in, mode="offline")
+        a.log({"x": 1})
+    with pytest.raises(walbuf.ConfigError, match="--run-id"):
+        sync_in_process(buffer, stand_in)
+    first = stand_in.uploads[0].target.wandb_id
+    sync_in_process(buffer, stand_in, overrides=Target(wandb_id="fresh01"))
+    assert [u.target.wandb_id for u in stand_in.uploads[1:]] == ["fresh01", "fresh01"]  # the rows, then the finish
+    assert first != "fresh01" and steps(stand_in.uploads[1].rows, "a") == [1]
 
 
 # One operation of a job and its syncs: a writer logs a record, or a sync
