@@ -13,11 +13,32 @@ class WalbufError(Exception):
     """Base class of every error walbuf raises on purpose."""
 
 
-class MetricTypeError(WalbufError, TypeError):
+NOTHING_WRITTEN = "nothing was written"
+NOTHING_STORED = "nothing was stored"
+
+
+class _Refusal(WalbufError):
+    """What was given to be stored is refused: ``problem`` says what is wrong with it, ``outcome`` what happened.
+
+    The message is the problem with the outcome after it in brackets ("...
+    (nothing was written)"); a caller that reports the problem elsewhere
+    (the syncer, quarantining a record an older walbuf stored) reads
+    ``problem``.
+    """
+
+    def __init__(self, problem: str, outcome: str | None = None) -> None:
+        super().__init__(problem, outcome)  # both in args: the error pickles (a pool worker raises it)
+        self.problem, self.outcome = problem, outcome
+
+    def __str__(self) -> str:
+        return self.problem if self.outcome is None else f"{self.problem} ({self.outcome})"
+
+
+class MetricTypeError(_Refusal, TypeError):
     """A metric value or key is of a kind walbuf does not store. Nothing was written."""
 
 
-class MetricValueError(WalbufError, ValueError):
+class MetricValueError(_Refusal, ValueError):
     """A metric key is unusable (empty, duplicated by flattening, reserved). Nothing was written."""
 
 

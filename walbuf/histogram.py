@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import MetricTypeError, MetricValueError, MissingExtraError
+from .errors import NOTHING_WRITTEN, MetricTypeError, MetricValueError, MissingExtraError
 
 MAX_BINS = 512
 """wandb.Histogram refuses more (Histogram.MAX_LENGTH in wandb's sdk/data_types/histogram.py)."""
@@ -80,7 +80,7 @@ def stored(name: str, value: Mapping[Any, Any]) -> dict[str, Any] | None:
     problem = None if set(value) == {"_type", "values", "bins"} else "keys other than _type, values and bins"
     problem = problem or _check(value["values"], value["bins"])
     if problem is not None:
-        raise MetricValueError(f"metric {name!r} is marked a histogram but is not one: {problem} (nothing was written)")
+        raise MetricValueError(f"metric {name!r} is marked a histogram but is not one: {problem}", NOTHING_WRITTEN)
     return dict(value)
 
 

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import MetricTypeError, MetricValueError, MissingExtraError
+from .errors import NOTHING_WRITTEN, MetricTypeError, MetricValueError, MissingExtraError
 
 TYPE = "walbuf-image"
 """The ``_type`` of an image as stored in a record."""
@@ -75,8 +75,8 @@ class Image:
     def _set(self, png: bytes, caption: str | None) -> None:
         if len(png) > MAX_PNG_BYTES:
             raise MetricValueError(
-                f"the image is {len(png):,} bytes as PNG, over walbuf's limit of {MAX_PNG_BYTES:,};"
-                " log it smaller (nothing was written)"
+                f"the image is {len(png):,} bytes as PNG, over walbuf's limit of {MAX_PNG_BYTES:,}; log it smaller",
+                NOTHING_WRITTEN,
             )
         width, height = _size(png)
         object.__setattr__(self, "png", png)
@@ -136,7 +136,7 @@ def stored(name: str, value: Mapping[Any, Any]) -> dict[str, Any] | None:
     ):
         problem = f"caption must be None or text of at most {MAX_CAPTION:,} characters, without a NUL"
     if problem is not None:
-        raise MetricValueError(f"metric {name!r} is marked an image but is not one: {problem} (nothing was written)")
+        raise MetricValueError(f"metric {name!r} is marked an image but is not one: {problem}", NOTHING_WRITTEN)
     return dict(value)
 
 
@@ -174,12 +174,13 @@ _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 def _size(png: bytes) -> tuple[int, int]:
     """Width and height from a PNG's header (its first chunk, IHDR), without decoding it."""
     if len(png) < 24 or not png.startswith(_PNG_SIGNATURE) or png[12:16] != b"IHDR":
-        raise MetricValueError("the image's bytes are not a PNG file (nothing was written)")
+        raise MetricValueError("the image's bytes are not a PNG file", NOTHING_WRITTEN)
     width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
     if not (width and height) or width * height > MAX_PIXELS:
         raise MetricValueError(
             f"the image is {width}x{height} pixels; walbuf takes from 1 to {MAX_PIXELS:,}"
-            " (Pillow's limit, which wandb.Image uses at sync) (nothing was written)"
+            " (Pillow's limit, which wandb.Image uses at sync)",
+            NOTHING_WRITTEN,
         )
     return width, height
 
@@ -217,7 +218,8 @@ def _encode(pil: Any, image: Any) -> bytes:
     if image.width * image.height > MAX_PIXELS:
         raise MetricValueError(
             f"the image is {image.width}x{image.height} pixels, over {MAX_PIXELS:,}"
-            " (Pillow's limit, which wandb.Image uses at sync) (nothing was written)"
+            " (Pillow's limit, which wandb.Image uses at sync)",
+            NOTHING_WRITTEN,
         )
     if image.mode not in _PNG_MODES:
         image = image.convert("RGBA" if "A" in image.mode else "RGB")
@@ -245,21 +247,20 @@ def _from_array(pil: Any, data: Any) -> Any:
         array = array[:, :, 0]
     if not (array.ndim == 2 or (array.ndim == 3 and array.shape[2] in (3, 4))) or 0 in array.shape:
         raise MetricValueError(
-            f"an image array has shape HxW, HxWx1, HxWx3 or HxWx4, not {array.shape} (nothing was written)"
+            f"an image array has shape HxW, HxWx1, HxWx3 or HxWx4, not {array.shape}", NOTHING_WRITTEN
         )
     if array.dtype == np.uint8:
         pass
     elif array.dtype.kind in "iu":
         if array.min() < 0 or array.max() > 255:
-            raise MetricValueError("an image array of integers holds values from 0 to 255 (nothing was written)")
+            raise MetricValueError("an image array of integers holds values from 0 to 255", NOTHING_WRITTEN)
         array = array.astype(np.uint8)
     elif array.dtype.kind == "f":
         if not (np.isfinite(array).all() and array.min() >= 0 and array.max() <= 1):
             raise MetricValueError(
-                "an image array of floats holds values from 0 to 1 (no NaN); scale it, or give uint8"
-                " (nothing was written)"
+                "an image array of floats holds values from 0 to 1 (no NaN); scale it, or give uint8", NOTHING_WRITTEN
             )
         array = (array * 255).round().astype(np.uint8)
     else:
-        raise MetricTypeError(f"an image array holds integers or floats, not {array.dtype} (nothing was written)")
+        raise MetricTypeError(f"an image array holds integers or floats, not {array.dtype}", NOTHING_WRITTEN)
     return pil.fromarray(np.ascontiguousarray(array))  # uint8 HxW, HxWx3, HxWx4: L, RGB, RGBA

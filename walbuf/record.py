@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from .errors import MetricTypeError, MetricValueError
+from .errors import NOTHING_STORED, NOTHING_WRITTEN, MetricTypeError, MetricValueError
 from .histogram import Histogram
 from .histogram import stored as stored_histogram
 from .image import TYPE as IMAGE
@@ -93,7 +93,8 @@ def _convert(key: str, value: Any, what: str = "metric") -> Scalar:
         f"metric {key!r} has a value of type {kind.__module__}.{kind.__qualname__}, "
         "which walbuf does not store; log an int, float, bool, str, None, a numpy or torch scalar,"
         " a list of those (an array's .tolist()), a walbuf.Histogram (of a list, array or tensor),"
-        " a walbuf.Image, or a dict of those (nothing was written)"
+        " a walbuf.Image, or a dict of those",
+        NOTHING_WRITTEN,
     )
 
 
@@ -101,7 +102,8 @@ def _checked_int(key: str, value: int, what: str) -> int:
     if not -FLOAT_MAX <= value <= FLOAT_MAX:
         raise MetricValueError(
             f"{what} {key!r} is an int beyond a 64-bit float's range: W&B keeps numbers as 64-bit floats, so it"
-            " would arrive as infinity; log it as a str (nothing was written)"
+            " would arrive as infinity; log it as a str",
+            NOTHING_WRITTEN,
         )
     return value
 
@@ -145,14 +147,14 @@ def flatten(metrics: Any, reserved: str | None = None) -> dict[str, Stored]:
     """
     if not isinstance(metrics, Mapping):
         raise MetricTypeError(
-            f"metrics must be a dict of name -> value, not {type(metrics).__qualname__} (nothing was written)"
+            f"metrics must be a dict of name -> value, not {type(metrics).__qualname__}", NOTHING_WRITTEN
         )
     flat: dict[str, Stored] = {}
     _flatten_into(flat, "", metrics, 1)
     if reserved is not None and reserved in flat:
         raise MetricValueError(
-            f"metric {reserved!r} is this writer's step axis; pass the step as "
-            "log(..., step=N) instead (nothing was written)"
+            f"metric {reserved!r} is this writer's step axis; pass the step as log(..., step=N) instead",
+            NOTHING_WRITTEN,
         )
     return flat
 
@@ -183,14 +185,16 @@ def check_line(payload: str, values: Mapping[str, Stored], prefix: str) -> None:
     if stored_images > MAX_IMAGES_BYTES:
         raise MetricValueError(
             f"the record's images take {stored_images:,} bytes, over walbuf's limit of {MAX_IMAGES_BYTES:,}"
-            " for one record; log them in several calls (nothing was written)"
+            " for one record; log them in several calls",
+            NOTHING_WRITTEN,
         )
     size -= stored_images - len(images) * IMAGE_REFERENCE
     if size > MAX_LINE_BYTES:
         raise MetricValueError(
             f"the record is {size:,} bytes as a W&B history line, over W&B's limit of"
             f" {MAX_LINE_BYTES:,} (wandb would drop it); log fewer or smaller values per"
-            " call (nothing was written)"
+            " call",
+            NOTHING_WRITTEN,
         )
 
 
@@ -213,16 +217,16 @@ def _flatten_into(flat: dict[str, Stored], prefix: str, metrics: Mapping[Any, An
         if type(key) is not str:
             if not isinstance(key, str):
                 raise MetricTypeError(
-                    f"metric key {prefix + repr(key)} is of type {type(key).__qualname__};"
-                    " keys must be str (nothing was written)"
+                    f"metric key {prefix + repr(key)} is of type {type(key).__qualname__}; keys must be str",
+                    NOTHING_WRITTEN,
                 )
             key = str(key)
         _check_key(prefix, key, "metric")
         name = prefix + key
         if name in RESERVED_KEYS:
             raise MetricValueError(
-                f"metric {name!r} is a name W&B reserves for itself (it would overwrite"
-                " or drop it); rename it (nothing was written)"
+                f"metric {name!r} is a name W&B reserves for itself (it would overwrite or drop it); rename it",
+                NOTHING_WRITTEN,
             )
         if isinstance(value, (Histogram, Image)):
             value = value.to_json()
@@ -230,13 +234,13 @@ def _flatten_into(flat: dict[str, Stored], prefix: str, metrics: Mapping[Any, An
         if isinstance(value, Mapping) and leaf is None:
             if depth >= MAX_DEPTH:
                 raise MetricValueError(
-                    f"metric {name!r} holds dicts nested more than {MAX_DEPTH} deep; flatten them (nothing was written)"
+                    f"metric {name!r} holds dicts nested more than {MAX_DEPTH} deep; flatten them", NOTHING_WRITTEN
                 )
             _flatten_into(flat, name + "/", value, depth + 1)
             continue
         if name in flat:
             raise MetricValueError(
-                f"metric {name!r} is given twice (once nested, once with '/' in its key) (nothing was written)"
+                f"metric {name!r} is given twice (once nested, once with '/' in its key)", NOTHING_WRITTEN
             )
         if isinstance(value, (list, tuple)):
             flat[name] = _sequence(name, value, depth)
@@ -251,7 +255,7 @@ def _sequence(name: str, values: list[Any] | tuple[Any, ...], depth: int, *, who
     for one value applies to it as JSON.
     """
     if depth >= MAX_DEPTH:
-        raise MetricValueError(f"metric {name!r} holds lists nested more than {MAX_DEPTH} deep (nothing was written)")
+        raise MetricValueError(f"metric {name!r} holds lists nested more than {MAX_DEPTH} deep", NOTHING_WRITTEN)
     out = [
         _sequence(f"{name}[{i}]", item, depth + 1, whole=False)
         if isinstance(item, (list, tuple))
@@ -263,7 +267,8 @@ def _sequence(name: str, values: list[Any] | tuple[Any, ...], depth: int, *, who
         if size > MAX_VALUE_BYTES:
             raise MetricValueError(
                 f"metric {name!r} is a list of {size:,} bytes as JSON, over W&B's limit of {MAX_VALUE_BYTES:,}"
-                " for one value (nothing was written)"
+                " for one value",
+                NOTHING_WRITTEN,
             )
     return out
 
@@ -289,7 +294,7 @@ def _check_key(prefix: str, key: str, what: str, *, star: bool = False) -> None:
         problem = "is not valid text (it holds a lone surrogate, which UTF-8 cannot encode)"
     if problem:
         where = f" under {prefix[:-1]!r}" if prefix and not key else ""
-        raise MetricValueError(f"{what} key {name!r}{where} {problem}; rename it (nothing was written)")
+        raise MetricValueError(f"{what} key {name!r}{where} {problem}; rename it", NOTHING_WRITTEN)
     if len(_checked_keys) < _CHECKED_KEYS_MAX and "*" not in key:
         _checked_keys.add(key)
 
@@ -312,13 +317,12 @@ def _check_text(name: str, value: str, what: str) -> None:
         size = len(value.encode("utf-8"))
     except UnicodeEncodeError:
         raise MetricValueError(
-            f"{what} {name!r} is a str that is not valid text (it holds a lone surrogate,"
-            " which UTF-8 cannot encode) (nothing was written)"
+            f"{what} {name!r} is a str that is not valid text (it holds a lone surrogate, which UTF-8 cannot encode)",
+            NOTHING_WRITTEN,
         ) from None
     if size > MAX_VALUE_BYTES:
         raise MetricValueError(
-            f"{what} {name!r} is {size:,} bytes, over W&B's limit of {MAX_VALUE_BYTES:,} for one value"
-            " (nothing was written)"
+            f"{what} {name!r} is {size:,} bytes, over W&B's limit of {MAX_VALUE_BYTES:,} for one value", NOTHING_WRITTEN
         )
 
 
@@ -396,14 +400,12 @@ def encode_config(values: Any, what: str = "config") -> dict[str, str]:
             raise MetricTypeError(f"{what} key {key!r} is of type {type(key).__qualname__}; keys must be str")
         _check_key("", key, what, star=True)
         if key in RESERVED_KEYS:
-            raise MetricValueError(
-                f"{what} key {key!r} is a name W&B reserves for itself; rename it (nothing was stored)"
-            )
+            raise MetricValueError(f"{what} key {key!r} is a name W&B reserves for itself; rename it", NOTHING_STORED)
         text = json.dumps(_config_value(key, value, what, 1), allow_nan=True)
         if len(text) > MAX_VALUE_BYTES:
             raise MetricValueError(
-                f"{what} key {key!r} holds {len(text):,} bytes, over W&B's limit of {MAX_VALUE_BYTES:,}"
-                " for one value (nothing was stored)"
+                f"{what} key {key!r} holds {len(text):,} bytes, over W&B's limit of {MAX_VALUE_BYTES:,} for one value",
+                NOTHING_STORED,
             )
         encoded[key] = text
     return encoded
@@ -411,12 +413,12 @@ def encode_config(values: Any, what: str = "config") -> dict[str, str]:
 
 def _config_value(key: str, value: Any, what: str, depth: int) -> Any:
     if isinstance(value, (Mapping, list, tuple)) and depth >= MAX_DEPTH:
-        raise MetricValueError(f"{what} key {key!r} is nested more than {MAX_DEPTH} deep (nothing was stored)")
+        raise MetricValueError(f"{what} key {key!r} is nested more than {MAX_DEPTH} deep", NOTHING_STORED)
     if isinstance(value, Mapping):
         out = {}
         for sub, item in value.items():
             if not isinstance(sub, str):
-                raise MetricValueError(f"{what} key {key!r} holds a non-str key {sub!r} (nothing was stored)")
+                raise MetricValueError(f"{what} key {key!r} holds a non-str key {sub!r}", NOTHING_STORED)
             _check_key(f"{key}.", sub, what, star=True)
             out[sub] = _config_value(f"{key}.{sub}", item, what, depth + 1)
         return out
@@ -428,5 +430,6 @@ def _config_value(key: str, value: Any, what: str, depth: int) -> Any:
         kind = type(value)
         raise MetricTypeError(
             f"{what} key {key!r} has a value of type {kind.__module__}.{kind.__qualname__};"
-            " give an int, float, bool, str, None, or a list or dict of those (nothing was stored)"
+            " give an int, float, bool, str, None, or a list or dict of those",
+            NOTHING_STORED,
         ) from None

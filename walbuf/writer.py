@@ -30,6 +30,7 @@ import sqlalchemy as sa
 from . import expiry
 from .buffer import Location, Segment
 from .errors import (
+    NOTHING_WRITTEN,
     ArgumentTypeError,
     ConfigError,
     KeyConflictError,
@@ -85,7 +86,7 @@ class _Open:
             wanted[axis] = None
         conflict = self.storage.claim_keys(self.writer_pk, wanted)
         if conflict is not None:
-            raise KeyConflictError(f"{conflict.explain(self.writer, axis)} (nothing was written)")
+            raise KeyConflictError(f"{conflict.explain(self.writer, axis)}", NOTHING_WRITTEN)
         self.claimed.update(new)
         self.axis_claimed = True
 

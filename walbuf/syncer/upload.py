@@ -382,7 +382,7 @@ def _breaks_the_rules(values: dict[str, Stored], metrics: str, writer: PlanWrite
         flatten(values, writer.step_axis)
         check_line(metrics, values, writer.prefix + "/")
     except (MetricTypeError, MetricValueError) as exc:
-        return str(exc).replace(" (nothing was written)", "")
+        return exc.problem
     return None
 
 
@@ -455,7 +455,7 @@ def _config(
             encode_config({key: value}, kind)
         except (MetricTypeError, MetricValueError) as exc:
             if entry_id > synced:
-                refused.append(RefusedSetting(kind, key, writer, str(exc).replace(" (nothing was stored)", "")))
+                refused.append(RefusedSetting(kind, key, writer, exc.problem))
             continue
         if kind == "config" and key in values and values[key] != value and entry_id > synced:
             changes.append(ConfigChange(key, setter[key], values[key], writer, value))
