@@ -231,6 +231,28 @@ def test_a_dry_run_after_everything_was_sent_plans_nothing(buffer):
         assert walbuf.sync(buffer, dry_run=True).runs == ()
 
 
+def test_a_dry_run_reports_what_is_pending_and_writes_nothing(buffer):
+    with walbuf.Writer(buffer, writer="a", run="exp1") as a:
+        for i in range(3):
+            a.log({"x": i})
+    before = buffer.read_bytes()
+    (planned,) = walbuf.sync(buffer, dry_run=True).runs
+    assert planned.records == 3
+    assert walbuf.status(buffer).runs[0].last_sync is None and buffer.read_bytes() == before
+
+
+@pytest.mark.parametrize("bound", [1, 2, 5])
+def test_max_records_sends_exactly_that_many_in_order_and_the_next_sync_the_rest(buffer, bound):
+    stand_in = StandIn()
+    with walbuf.Writer(buffer, writer="a", run="exp1") as a:
+        for i in range(7):
+            a.log({"x": i})
+        sync_in_process(buffer, stand_in, max_records=bound)
+        assert steps(stand_in.confirmed_rows(), "a") == list(range(bound))
+        sync_in_process(buffer, stand_in)
+    assert steps(stand_in.confirmed_rows(), "a") == list(range(7))
+
+
 def test_a_run_the_buffer_lacks_is_refused_naming_those_it_has(buffer):
     with walbuf.Writer(buffer, writer="a", run="exp1") as a:
         a.log({"x": 0})
