@@ -12,6 +12,7 @@ import hashlib
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import sqlalchemy as sa
@@ -37,6 +38,7 @@ from .schema import (
     quarantine,
     records,
     runs,
+    syncs,
     upgrade,
     writers,
 )
@@ -69,6 +71,23 @@ def writer_lock_name(run: str, writer: str) -> str:
 
 
 ConfigKind = Literal["config", "summary"]
+
+
+@dataclass(frozen=True)
+class Confirmed:
+    """What W&B confirmed of one upload of a run, for :meth:`Storage.confirm_upload`."""
+
+    run_id: int
+    sync_id: int  # the upload's entry in syncs
+    writer_ids: tuple[int, ...]  # the run's writers the upload covered
+    last_handled: int  # the id of the last record sent or quarantined: the cursors' new place
+    quarantined: tuple[tuple[int, str], ...]  # (record id, reason) of each record set aside
+    sent: int  # records sent
+    run_name: str
+    target: Target  # as wandb resolved it
+    config_id: int  # the newest config entry the upload sent
+    finished_exit: int | None  # the exit code the upload finished the W&B run with, if it did
+    mode: str  # "online" or "offline"
 
 
 class Storage:
@@ -340,6 +359,44 @@ class Storage:
                 sa.select(records.c.step).where(records.c.writer_id == row.id).order_by(records.c.id.desc()).limit(1)
             )
             return row.id, last_step if last_step is not None else row.pruned_step
+
+    def confirm_upload(self, done: Confirmed, also: Callable[[sa.Connection], None]) -> None:
+        """Record an upload W&B confirmed, in one transaction: the cursors advance, never back.
+
+        The writers' cursors move to ``done.last_handled`` (one ahead of it
+        already stays), quarantined records are noted, the run keeps its
+        target, config position, mode and finish, and the upload's entry is
+        marked ok; ``also(conn)`` adds what the caller keeps in the same
+        transaction (the run's metrics). Nothing of it happens unless all does.
+        """
+        now = time.time()
+        with self.begin_write() as conn:
+            conn.execute(
+                writers.update()
+                .where(writers.c.id.in_(done.writer_ids), writers.c.synced_id < done.last_handled)
+                .values(synced_id=done.last_handled)
+            )
+            if done.quarantined:
+                conn.execute(
+                    quarantine.insert(),
+                    [{"record_id": rid, "reason": reason, "time": now} for rid, reason in done.quarantined],
+                )
+            also(conn)
+            set_target(conn, done.run_id, done.run_name, done.target)
+            conn.execute(
+                runs.update()
+                .where(runs.c.id == done.run_id)
+                .values(config_id=done.config_id, target_refused=None, finished_exit=done.finished_exit, mode=done.mode)
+            )
+            if done.mode == "offline":
+                conn.execute(
+                    runs.update().where(runs.c.id == done.run_id).values(offline_step=runs.c.offline_step + done.sent)
+                )
+            conn.execute(
+                syncs.update()
+                .where(syncs.c.id == done.sync_id)
+                .values(status="ok", finished_at=now, records=done.sent, last_id=done.last_handled)
+            )
 
     def claim_keys(self, writer_pk: int, wanted: Claims) -> Conflict | None:
         """Claim W&B keys for the writer's step axis (see walbuf.store.claims); the conflict, claiming nothing, if

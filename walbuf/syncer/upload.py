@@ -40,8 +40,8 @@ from ..record import (
     line_room,
 )
 from ..store import Storage, Target
-from ..store.schema import config_entries, quarantine, records, runs, syncs, writers
-from ..store.target import set_target
+from ..store.schema import config_entries, records, runs, syncs
+from ..store.storage import Confirmed
 from .budget import Budget
 from .metrics import RunMetrics
 from .plan import Plan, PlanWriter, pending_filter
@@ -165,34 +165,22 @@ def upload(
                 _refuse_target(storage, plan, str(exc))
         raise
     replay.report_progress()
-    now = time.time()
-    with storage.begin_write() as conn:
-        conn.execute(
-            writers.update()
-            .where(writers.c.id.in_(list(plan.writers)), writers.c.synced_id < replay.last_handled)
-            .values(synced_id=replay.last_handled)
-        )
-        if replay.quarantined:
-            conn.execute(
-                quarantine.insert(),
-                [{"record_id": rid, "reason": q.reason, "time": now} for rid, q in replay.quarantined],
-            )
-        replay.metrics.save(conn)
-        set_target(conn, plan.run_id, plan.report.run, wandb_run.target)
-        conn.execute(
-            runs.update()
-            .where(runs.c.id == plan.run_id)
-            .values(config_id=config_id, target_refused=None, finished_exit=finish_code, mode=mode)
-        )
-        if mode == "offline":
-            conn.execute(
-                runs.update().where(runs.c.id == plan.run_id).values(offline_step=runs.c.offline_step + replay.sent)
-            )
-        conn.execute(
-            syncs.update()
-            .where(syncs.c.id == plan.sync_id)
-            .values(status="ok", finished_at=now, records=replay.sent, last_id=replay.last_handled)
-        )
+    storage.confirm_upload(
+        Confirmed(
+            run_id=plan.run_id,
+            sync_id=plan.sync_id,
+            writer_ids=tuple(plan.writers),
+            last_handled=replay.last_handled,
+            quarantined=tuple((rid, q.reason) for rid, q in replay.quarantined),
+            sent=replay.sent,
+            run_name=plan.report.run,
+            target=wandb_run.target,
+            config_id=config_id,
+            finished_exit=finish_code,
+            mode=mode,
+        ),
+        also=replay.metrics.save,
+    )
     return replace(
         plan.report,
         records=replay.sent,
