@@ -32,6 +32,7 @@ from .ops import parse_age
 from .ops import prune as prune_buffer
 from .ops import status as buffer_status
 from .record import Record
+from .store import Target
 from .syncer import RunSync, SyncResult
 from .syncer import sync as sync_buffer
 from .syncer.budget import end_process_after, process_age
@@ -551,7 +552,7 @@ def status(buffer: str, as_json: bool) -> None:
     if not report.runs:
         click.echo("  no runs yet")
     for run in report.runs:
-        target = "/".join(p or "-" for p in (run.entity, run.project, run.wandb_id))
+        target = Target(run.wandb_id, run.project, run.entity).shown()
         held = f", {run.quarantined} quarantined" if run.quarantined else ""
         click.echo(f"run {run.run} -> W&B {target}: {run.records} records, {run.pending} pending{held}")
         if run.target_refused:

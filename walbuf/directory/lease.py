@@ -28,7 +28,7 @@ from pathlib import Path
 from ..errors import StorageError
 from ..store.flock import held
 from ..store.sqlite import COMPANIONS, failure, harden
-from ..store.trust import Owner
+from ..store.trust import Owner, fsync
 from .layout import Layout, Shard, rotate_seconds
 
 _log = logging.getLogger(__name__)
@@ -185,17 +185,9 @@ def _seal(layout: Layout, owner: Owner, host: str, path: Path, *, foreign: bool)
     for leftover in (f"{path}-wal", f"{path}-shm"):
         if os.path.exists(leftover):
             os.unlink(leftover)
-    _fsync_dir(layout.sealed)
+    fsync(layout.sealed, folder=True)
     return None
 
 
 class _Busy(Exception):
     """Another connection held SQLite's lock on the shard past the busy timeout."""
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

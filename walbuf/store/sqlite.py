@@ -22,7 +22,7 @@ from ..errors import (
 )
 from .backend import INSERT_COLUMNS, YIELD_TO_WRITERS, Access, Appender, Backend, Durability, holding
 from .flock import FileLock, held, read_note
-from .trust import Owner, make_folders
+from .trust import Owner, fsync, make_folders
 
 # Each commit appends the pages it changed to the WAL; a record is far smaller
 # than a page, so smaller pages mean less to write per log() and a shorter
@@ -434,13 +434,9 @@ class _SQLiteAppender:
         path = self._backend.path
         for name in (f"{path}-wal", str(path)):
             try:
-                fd = os.open(name, os.O_RDONLY)
+                fsync(name)
             except FileNotFoundError:
                 continue  # no WAL: everything is checkpointed into the database
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
 
     def abandon(self) -> None:
         # Nothing to do: the Writer keeps the inherited objects referenced and

@@ -26,6 +26,10 @@ class Target:
     project: str | None = None
     entity: str | None = None
 
+    def shown(self) -> str:
+        """For messages: entity/project/run id, "-" for a part not chosen."""
+        return "/".join(part or "-" for part in (self.entity, self.project, self.wandb_id))
+
 
 def check_target(target: Target) -> Target:
     """``target`` if W&B's rules allow each part; else ConfigError naming the part and the rule."""

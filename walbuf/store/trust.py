@@ -220,6 +220,19 @@ class Owner:
             os.close(fd)
 
 
+def fsync(path: Path | str, *, folder: bool = False) -> None:
+    """Make ``path`` (a file, or with ``folder`` a folder's entries) durable, never through a symbolic link.
+
+    Raises FileNotFoundError if it is not there.
+    """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_DIRECTORY if folder else 0)
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def make_folders(path: Path) -> None:
     """Make ``path`` and its missing parents, each owner-only (0700) whatever the umask; existing ones are left as they
     are."""

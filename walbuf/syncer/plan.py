@@ -256,7 +256,7 @@ def _target(
     replacing = switching or refused is not None  # what is given replaces what is stored
     if refused is not None and not switching and overrides == Target():
         raise TargetRefusedError(
-            f"run {name!r} is not sent: W&B refused its target ({_target_text(stored)}) at an earlier sync:"
+            f"run {name!r} is not sent: W&B refused its target ({stored.shown()}) at an earlier sync:"
             f" {refused}; give another with --project, --entity or --run-id"
         )
     if replacing:
@@ -300,10 +300,6 @@ def _check_mode(name: str, stored: Target, stored_mode: str | None, mode: SyncMo
         f" {mode} uploads into that run as well ({why}); keep --mode {stored_mode} for this run, or send"
         f" what is not synced yet to a new W&B run with --mode {mode} --run-id NEW_ID"
     )
-
-
-def _target_text(target: Target) -> str:
-    return "/".join(part or "-" for part in (target.entity, target.project, target.wandb_id))
 
 
 def _possibly_delivered(conn: sa.Connection, run_id: int, found: dict[int, PlanWriter], low: int, high: int) -> int:
