@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import sqlalchemy as sa
 
@@ -51,6 +51,21 @@ from .wandb_run import RowRefused, WandbRun  # it imports wandb itself, when a r
 READ_CHUNK = 2000  # records per read transaction: short snapshots let the WAL checkpoint
 _KNOWN_MAX = 10_000  # record shapes remembered per upload
 BATCH = 500  # records made ready at a time; the progress callback is called after each batch
+
+
+class _Ready(NamedTuple):
+    """A record made ready to send: its history row, the definitions it newly needs, or why W&B would refuse it."""
+
+    row: dict[str, object]
+    needed: Sequence[tuple[str, str]]
+    problem: str | None  # None: fine to send
+
+
+class _Shape(NamedTuple):
+    """What a record of known keys found fine before becomes (see _Replay._prepare's shortcut)."""
+
+    keys: tuple[str, ...]  # its row's keys, the step axis and _timestamp last
+    room: int  # the longest stored payload of those keys that fits a history line
 
 
 class RunSink(Protocol):
@@ -212,9 +227,8 @@ class _Replay:
         self.last_handled = plan.low  # the id of the last record sent or quarantined
         self.handed = plan.low  # the id of the last record handed to wandb (its log() may not have returned)
         self.unreported = 0
-        # (writer id, *a record's keys) -> (its row's keys, the step axis and _timestamp last; the longest
-        # payload of those keys that fits a line), for records found fine that hold plain values only
-        self._known: dict[tuple[object, ...], tuple[tuple[str, ...], int]] = {}
+        # (writer id, *a record's keys) -> its shape, for records found fine that hold plain values only
+        self._known: dict[tuple[object, ...], _Shape] = {}
 
     def into(self, wandb_run: RunSink, merged: dict[str, dict[str, object]]) -> None:
         """The metric definitions the run has (its config went with wandb.init), the records, the whole summary."""
@@ -233,7 +247,7 @@ class _Replay:
                 for start in range(0, len(chunk), BATCH):
                     if not self._send_batch(wandb_run, chunk[start : start + BATCH]):
                         break
-                after = chunk[-1][0]
+                after = chunk[-1].id
         summary = self._fitting(self.metrics.summary(merged["summary"]))
         if summary:
             wandb_run.update_summary(summary)
@@ -265,13 +279,15 @@ class _Replay:
             )
         return summary
 
-    def _send_batch(self, wandb_run: RunSink, batch: Sequence[tuple[int, int, int, float, str]]) -> bool:
+    def _send_batch(self, wandb_run: RunSink, batch: Sequence[sa.Row[tuple[int, int, int, float, str]]]) -> bool:
         """Send (or quarantine) the records of ``batch`` in order, within the budget; whether they all were handled."""
         # The batch's rows are all made ready before the first goes to wandb,
         # so that the wandb.log calls come back to back: each one waits for
         # wandb's own thread, and work done between two calls makes that wait
         # longer (docs/performance.md).
-        ready = [self._prepare(*record) for record in batch]
+        ready = [
+            self._prepare(record.id, record.writer_id, record.step, record.time, record.metrics) for record in batch
+        ]
         handled_all = True
         # And wandb gets them in one hand-off (WandbRun.batched), unless the
         # sync has a time bound: wandb-core then gets them one by one, as
@@ -279,25 +295,24 @@ class _Replay:
         # faster, they wait in wandb-core (up to two file_stream requests of
         # 10 MiB) for run.finish(), past the reserve the bound keeps for it.
         with wandb_run.batched() if self.budget.deadline is None else contextlib.nullcontext():
-            for (record_id, writer_id, step, _, _), (row, needed, problem) in zip(batch, ready, strict=True):
+            for record, prepared in zip(batch, ready, strict=True):
                 if self.budget.spent():
                     handled_all = False
                     break
-                writer = self.plan.writers[writer_id]
+                writer = self.plan.writers[record.writer_id]
+                problem = prepared.problem
                 if problem is None:
-                    self.handed = record_id  # from here on W&B may hold it, whatever ends the upload
-                    problem = self._send(wandb_run, writer, row, needed)
+                    self.handed = record.id  # from here on W&B may hold it, whatever ends the upload
+                    problem = self._send(wandb_run, writer, prepared.row, prepared.needed)
                 if problem is not None:
-                    self.quarantined.append((record_id, Quarantined(writer.name, step, problem)))
-                self.last_handled = record_id
+                    self.quarantined.append((record.id, Quarantined(writer.name, record.step, problem)))
+                self.last_handled = record.id
                 self.budget.take()
                 self.unreported += 1
         self.report_progress()
         return handled_all
 
-    def _prepare(
-        self, record_id: int, writer_id: int, step: int, wall_time: float, metrics: str
-    ) -> tuple[dict[str, object], Sequence[tuple[str, str]], str | None]:
+    def _prepare(self, record_id: int, writer_id: int, step: int, wall_time: float, metrics: str) -> _Ready:
         """One record as a history row, the definitions it newly needs, why W&B would refuse it for good (or None).
 
         Claims its keys for its writer's axis (see walbuf.syncer.metrics).
@@ -305,37 +320,39 @@ class _Replay:
         try:
             values = decode(metrics)
         except (ValueError, RecursionError) as exc:  # a buffer is untrusted input: what a writer cannot have written
-            return {}, (), f"its stored metrics are not JSON walbuf writes ({type(exc).__name__}: {exc})"
+            return _Ready({}, (), f"its stored metrics are not JSON walbuf writes ({type(exc).__name__}: {exc})")
         if type(values) is not dict:
-            return {}, (), "its stored metrics are not a JSON object"
+            return _Ready({}, (), "its stored metrics are not a JSON object")
         writer = self.plan.writers[writer_id]
         # A record logged with an axis value (Writer.log's ``axis``) holds it
         # under the step axis's name: W&B plots it there instead of the step.
         at = values.pop(writer.step_axis, step)
         if type(at) is not int or at < 0:
-            return {}, (), f"its value on the step axis {writer.step_axis!r} is not an int >= 0"
+            return _Ready({}, (), f"its value on the step axis {writer.step_axis!r} is not an int >= 0")
         shape = (writer_id, *values)
         known = self._known.get(shape)
-        if known is not None and len(metrics) <= known[1] and PLAIN_TYPES.issuperset(map(type, values.values())):
+        if known is not None and len(metrics) <= known.room and PLAIN_TYPES.issuperset(map(type, values.values())):
             # The common case: the keys of a record of this writer found fine
             # before, plain values, and a payload that fits the line. Every
             # check would pass as it did then.
-            return dict(zip(known[0], (*values.values(), at, wall_time), strict=True)), (), None
+            return _Ready(dict(zip(known.keys, (*values.values(), at, wall_time), strict=True)), (), None)
         problem = _breaks_the_rules(values, metrics, writer)
         if problem is not None:
-            return {}, (), problem
+            return _Ready({}, (), problem)
         problem, needed = self.metrics.check(writer, values)
         if problem is not None:
-            return {}, (), problem
+            return _Ready({}, (), problem)
         prefix = writer.key_prefix
         # Without a prefix the decoded record (a dict of its own) is the row.
         row: dict[str, object] = {prefix + key: value for key, value in values.items()} if prefix else values
         if PLAIN_TYPES.issuperset(map(type, values.values())) and len(self._known) < _KNOWN_MAX:
-            self._known[shape] = ((*row, writer.axis, "_timestamp"), line_room(len(values) + 1, writer.prefix + "/"))
+            self._known[shape] = _Shape(
+                (*row, writer.axis, "_timestamp"), line_room(len(values) + 1, writer.prefix + "/")
+            )
         row[writer.axis] = at
         # W&B's wall-clock axis shows when the record was logged, not synced.
         row["_timestamp"] = wall_time
-        return row, needed, None
+        return _Ready(row, needed, None)
 
     def _send(
         self, wandb_run: RunSink, writer: PlanWriter, row: dict[str, object], needed: Sequence[tuple[str, str]]
