@@ -68,12 +68,23 @@ class Lease:
         self._fd = -1
         if seal:
             outcome = seal_if_unused(self.layout, self.host, self.path)
-            if isinstance(outcome, str):
-                _log.warning("%s", outcome)
+            if outcome.set_aside is not None:
+                _log.warning("%s", outcome.set_aside)
 
     def abandon(self) -> None:
         """In a forked child: the flock is the parent's (it shares the open file)."""
         self._fd = -1
+
+
+@dataclass(frozen=True)
+class SealOutcome:
+    """What :func:`seal_if_unused` did with one shard: sealed it, set it aside (why), or left it (in use, gone)."""
+
+    sealed: bool = False
+    set_aside: str | None = None  # damaged: moved to quarantine/, this message says so
+
+
+_LEFT = SealOutcome()
 
 
 @dataclass(frozen=True)
@@ -84,12 +95,12 @@ class Sealing:
     set_aside: list[str]  # damaged shards moved to quarantine/, a message each
 
 
-def seal_if_unused(layout: Layout, host: str, path: Path, *, here: str | None = None) -> bool | str:
+def seal_if_unused(layout: Layout, host: str, path: Path, *, here: str | None = None) -> SealOutcome:
     """Seal ``host``'s live shard at ``path`` unless a process uses it.
 
-    True if it was sealed, False if a process uses it (or holds SQLite's
-    lock on it past the busy timeout, or it is gone), and a message if it was
-    damaged and moved to quarantine/ instead. ``here`` is
+    Left as it is if a process uses it (or holds SQLite's lock on it past
+    the busy timeout, or it is gone); set aside in quarantine/, with a
+    message, if it was damaged. ``here`` is
     the host this process runs on (default: ``host``): another host's shard
     is opened in SQLite's exclusive locking mode, which keeps the WAL index
     in this process's memory instead of the shared memory of that host, and
@@ -99,21 +110,21 @@ def seal_if_unused(layout: Layout, host: str, path: Path, *, here: str | None = 
     owner = layout.own()
     with layout.rotate_lock(host):
         if owner.entry(path) is None:
-            return False
+            return _LEFT
         fd = owner.open(Path(f"{path}.inuse"), os.O_RDWR, create=True, private=True)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                return False
+                return _LEFT
             _log.info("sealing shard %s.%d of host %s: no process uses it", host, int(path.stem), host)
             try:
                 damage = _seal(layout, owner, host, path, foreign=here not in (None, host))
             except _Busy:
-                return False  # a reader holds it (walbuf status on its host, say): the next sync seals it
-            outcome: bool | str = True
+                return _LEFT  # a reader holds it (walbuf status on its host, say): the next sync seals it
+            outcome = SealOutcome(sealed=True)
             if damage is not None:
-                outcome = layout.set_aside(Shard(host, int(path.stem), path, "live"), damage)
+                outcome = SealOutcome(set_aside=layout.set_aside(Shard(host, int(path.stem), path, "live"), damage))
             os.unlink(f"{path}.inuse")
             return outcome
         finally:
@@ -137,10 +148,10 @@ def seal_unused(layout: Layout, here: str) -> Sealing:
     done = Sealing([], [])
     for shard in layout.shards("live"):
         outcome = seal_if_unused(layout, shard.host, shard.path, here=here)
-        if outcome is True:
+        if outcome.sealed:
             done.sealed.append(layout.sealed / f"{shard.host}.{shard.gen}.db")
-        elif isinstance(outcome, str):
-            done.set_aside.append(outcome)
+        elif outcome.set_aside is not None:
+            done.set_aside.append(outcome.set_aside)
     return done
 
 
