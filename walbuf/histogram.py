@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 from .errors import NOTHING_WRITTEN, MetricTypeError, MetricValueError, MissingExtraError
 
@@ -23,6 +23,14 @@ TYPE = "histogram"
 
 
 @dataclass(frozen=True, init=False)
+class HistogramJSON(TypedDict):
+    """A histogram as stored and as a W&B history row holds it (wandb.Histogram's JSON form)."""
+
+    _type: Literal["histogram"]
+    values: list[int]  # the counts
+    bins: list[float]  # the edges, one more than the counts
+
+
 class Histogram:
     """A histogram of ``values`` in ``num_bins`` equal bins between their least and greatest finite value.
 
@@ -65,9 +73,9 @@ class Histogram:
         object.__setattr__(histogram, "counts", tuple(int(c) for c in counts))
         return histogram
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> HistogramJSON:
         """The form stored in the buffer and in a W&B history row."""
-        return {"_type": TYPE, "values": list(self.counts), "bins": list(self.bins)}
+        return {"_type": "histogram", "values": list(self.counts), "bins": list(self.bins)}
 
 
 def stored(name: str, value: Mapping[Any, Any]) -> dict[str, Any] | None:

@@ -22,7 +22,7 @@ import io
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 from .errors import NOTHING_WRITTEN, MetricTypeError, MetricValueError, MissingExtraError
 
@@ -41,6 +41,16 @@ _PNG_MODES = frozenset({"1", "L", "LA", "I", "I;16", "P", "RGB", "RGBA"})
 
 
 @dataclass(frozen=True, init=False)
+class ImageJSON(TypedDict):
+    """An image as stored in the buffer."""
+
+    _type: Literal["walbuf-image"]
+    png: str  # the PNG file, base64
+    width: int
+    height: int
+    caption: str | None
+
+
 class Image:
     """An image, as PNG bytes, with an optional caption.
 
@@ -94,10 +104,10 @@ class Image:
         image._set(png, caption)
         return image
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ImageJSON:
         """The form stored in the buffer: the PNG as base64 text, its size and caption."""
         return {
-            "_type": TYPE,
+            "_type": "walbuf-image",
             "png": base64.b64encode(self.png).decode("ascii"),
             "width": self.width,
             "height": self.height,
