@@ -22,7 +22,6 @@ TYPE = "histogram"
 """The ``_type`` of a histogram in a W&B history row."""
 
 
-@dataclass(frozen=True, init=False)
 class HistogramJSON(TypedDict):
     """A histogram as stored and as a W&B history row holds it (wandb.Histogram's JSON form)."""
 
@@ -31,6 +30,7 @@ class HistogramJSON(TypedDict):
     bins: list[float]  # the edges, one more than the counts
 
 
+@dataclass(frozen=True, init=False)
 class Histogram:
     """A histogram of ``values`` in ``num_bins`` equal bins between their least and greatest finite value.
 

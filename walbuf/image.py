@@ -40,7 +40,6 @@ _PNG_MODES = frozenset({"1", "L", "LA", "I", "I;16", "P", "RGB", "RGBA"})
 """The modes Pillow writes as PNG as they are (PIL/PngImagePlugin.py, _OUTMODES); others become RGB(A)."""
 
 
-@dataclass(frozen=True, init=False)
 class ImageJSON(TypedDict):
     """An image as stored in the buffer."""
 
@@ -51,6 +50,7 @@ class ImageJSON(TypedDict):
     caption: str | None
 
 
+@dataclass(frozen=True, init=False)
 class Image:
     """An image, as PNG bytes, with an optional caption.
 
