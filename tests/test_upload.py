@@ -11,6 +11,7 @@ are what "W&B confirmed".
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -26,6 +27,7 @@ from walbuf.errors import TargetRefusedError, UploadError
 from walbuf.store import Target
 from walbuf.syncer.budget import Budget
 from walbuf.syncer.syncer import sync_pass
+from walbuf.syncer.wandb_run import RowRefused
 
 
 @dataclass
@@ -40,6 +42,8 @@ class Upload:
     summary: dict[str, Any] = field(default_factory=dict)
     finished: bool = False  # finish() returned: W&B confirmed the upload
     exit_code: int | None = None
+    preempting: bool = False  # marked preempting: the job goes on
+    steps: list[int | None] = field(default_factory=list)  # the step each row was logged at (offline mode)
 
 
 @dataclass
@@ -82,7 +86,10 @@ class RecordingRun:
         self.upload.summary.update(summary)
 
     def log(self, row: dict[str, Any], step: int | None = None) -> dict[str, Any]:
+        if any(key.endswith("/refused") for key in row):  # what wandb refuses of a row's data
+            raise RowRefused(f"wandb refused the row: {sorted(row)}")
         self.upload.rows.append(dict(row))
+        self.upload.steps.append(step)
         return {}
 
     @contextlib.contextmanager
@@ -90,7 +97,7 @@ class RecordingRun:
         yield
 
     def mark_preempting(self) -> None:
-        pass
+        self.upload.preempting = True
 
     def finish(self, exit_code: int | None = None) -> None:
         if self.failing:
@@ -105,6 +112,7 @@ def sync_in_process(
     run: str | None = None,
     overrides: Target | None = None,
     mode: str = "online",
+    more_soon: bool = False,
 ) -> walbuf.SyncResult:
     located = open_buffer(buffer)
     overrides = overrides or Target()
@@ -117,6 +125,7 @@ def sync_in_process(
             buffer.parent / "wandb",
             Budget(max_records, None),
             open_run=stand_in.open,
+            more_soon=more_soon,
         )
     return walbuf.SyncResult(runs=())
 
@@ -299,6 +308,102 @@ def test_a_run_synced_offline_goes_online_only_into_a_new_w_and_b_run(buffer, tm
     assert first != "fresh01" and steps(stand_in.uploads[1].rows, "a") == [1]
 
 
+def test_while_the_job_goes_on_each_upload_marks_the_run_preempting(buffer):
+    stand_in = StandIn()
+    with walbuf.Writer(buffer, writer="a") as a:
+        a.log({"x": 0})
+        sync_in_process(buffer, stand_in)
+        a.log({"x": 1})
+        sync_in_process(buffer, stand_in, more_soon=True)  # a --follow: another pass comes within seconds
+    sync_in_process(buffer, stand_in)  # the job is done: the run is finished instead
+    assert [(u.preempting, u.exit_code) for u in stand_in.uploads] == [(True, None), (False, None), (False, 0)]
+
+
+def test_a_writer_that_failed_finishes_the_run_with_exit_code_1(buffer):
+    stand_in = StandIn()
+    a = walbuf.Writer(buffer, writer="a")
+    a.log({"x": 0})
+    a.close(failed=True)
+    sync_in_process(buffer, stand_in)
+    assert [u.exit_code for u in stand_in.uploads] == [None, 1]
+
+
+def test_a_row_wandb_refuses_is_quarantined_and_the_rest_go_on(buffer):
+    stand_in = StandIn()
+    with walbuf.Writer(buffer, writer="a") as a:
+        a.log({"x": 0})
+        a.log({"refused": 1})
+        a.log({"x": 2})
+        result = sync_in_process(buffer, stand_in)
+        assert steps(stand_in.confirmed_rows(), "a") == [0, 2]
+        (quarantined,) = result.runs[0].quarantined
+        assert (quarantined.writer, quarantined.step) == ("a", 1) and "wandb refused the row" in quarantined.reason
+        assert [r.step for r in walbuf.read(buffer, quarantined=True)] == [1]
+        assert sync_in_process(buffer, stand_in).runs == ()  # passed by the cursor: never sent again
+
+
+def test_a_record_an_older_walbuf_let_in_is_quarantined_naming_the_rule(buffer):
+    stand_in = StandIn()
+    with walbuf.Writer(buffer, writer="a") as a:
+        a.log({"x": 0})
+        a.log({"x": 1})
+    with sqlite3.connect(buffer) as conn:  # what log() refuses today: a key W&B reserves
+        conn.execute("""UPDATE records SET metrics = '{"_runtime": 1}' WHERE step = 1""")
+    result = sync_in_process(buffer, stand_in)
+    assert steps(stand_in.confirmed_rows(), "a") == [0]
+    (quarantined,) = result.runs[0].quarantined
+    assert "_runtime" in quarantined.reason and "nothing was written" not in quarantined.reason
+
+
+def test_a_config_key_set_again_with_another_value_is_reported_and_the_later_value_sent(buffer):
+    stand_in = StandIn()
+    with walbuf.Writer(buffer, writer="a") as a, walbuf.Writer(buffer, writer="b") as b:
+        a.config({"lr": 0.1})
+        b.config({"lr": 0.2})
+        a.log({"x": 0})
+        result = sync_in_process(buffer, stand_in)
+        (change,) = result.runs[0].config_changes
+        assert (change.key, change.old_value, change.new_value) == ("lr", 0.1, 0.2)
+        assert stand_in.uploads[0].config == {"lr": 0.2}
+        a.log({"x": 1})
+        assert sync_in_process(buffer, stand_in).runs[0].config_changes == ()  # reported once
+
+
+def test_a_config_entry_w_and_b_would_refuse_is_left_out_with_the_reason(buffer):
+    stand_in = StandIn()
+    with walbuf.Writer(buffer, writer="a") as a:
+        a.config({"lr": 0.1, "depth": 3})
+        a.log({"x": 0})
+    with sqlite3.connect(buffer) as conn:  # as an older walbuf let it in
+        conn.execute("UPDATE config_entries SET key = '_wandb' WHERE key = 'depth'")
+    result = sync_in_process(buffer, stand_in)
+    (refused,) = result.runs[0].refused_settings
+    assert (refused.kind, refused.key) == ("config", "_wandb") and "nothing was stored" not in refused.reason
+    assert stand_in.uploads[0].config == {"lr": 0.1}
+
+
+def test_offline_rows_number_on_across_syncs(buffer):
+    stand_in = StandIn()
+    with walbuf.Writer(buffer, writer="a") as a:
+        for i in range(2):
+            a.log({"x": i})
+        sync_in_process(buffer, stand_in, mode="offline")
+        a.log({"x": 2})
+        sync_in_process(buffer, stand_in, mode="offline")
+    assert [u.steps for u in stand_in.uploads[:2]] == [[0, 1], [2]]
+
+
+def test_the_summary_holds_each_keys_last_value_and_the_summary_calls_over_them(buffer):
+    stand_in = StandIn()
+    with walbuf.Writer(buffer, writer="a") as a:
+        a.log({"loss": 0.5})
+        a.log({"loss": 0.25})
+        a.summary({"best": 0.25})
+        sync_in_process(buffer, stand_in)
+    summary = stand_in.uploads[0].summary
+    assert summary["a/loss"] == 0.25 and summary["best"] == 0.25 and summary["a/step"] == 1
+
+
 # One operation of a job and its syncs: a writer logs a record, or a sync
 # runs (bounded to a few records, or not; its upload failing, or not).
 operations = st.lists(
@@ -346,8 +451,6 @@ def test_over_any_logs_and_syncs_cursors_only_advance_and_w_and_b_confirms_each_
 
 def synced_ids(buffer: Path) -> dict[str, int]:
     """Each writer's sync cursor, as the buffer holds it."""
-    import sqlite3
-
     conn = sqlite3.connect(f"file:{buffer}?mode=ro", uri=True)
     try:
         return dict(conn.execute("SELECT name, synced_id FROM writers"))
