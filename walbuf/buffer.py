@@ -67,7 +67,7 @@ class DatabaseBuffer:
     @property
     def path(self) -> Path | None:
         """The SQLite file; None for PostgreSQL."""
-        return self.backend.path if isinstance(self.backend, SQLiteBackend) else None
+        return self.backend.path
 
     def open_store(self, access: Access) -> Storage:
         """The database, opened with ``access`` (see walbuf.store.backend.Access)."""

@@ -23,6 +23,7 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Literal, Protocol
 
 import sqlalchemy as sa
@@ -135,6 +136,7 @@ class Backend:
     name: str
     url: sa.URL
     location: str  # for messages: a path, or the URL without its password
+    path: Path | None = None  # the database's file, for a kind that keeps it in one (SQLite)
 
     def engine(self, durability: Durability, busy_timeout: float, access: Access) -> sa.Engine:
         raise NotImplementedError
@@ -142,6 +144,18 @@ class Backend:
     def exists(self) -> bool:
         """Whether there is a database to open (it may still hold no buffer)."""
         raise NotImplementedError
+
+    def readable_immutable(self) -> bool:
+        """Whether a reader that may not write the buffer can still read it whole, as an immutable file."""
+        return False
+
+    def immutable_engine(self, durability: Durability, busy_timeout: float, access: Access) -> sa.Engine:
+        """An engine that reads the database as an immutable file (only where :meth:`readable_immutable`)."""
+        raise NotImplementedError
+
+    def file_state(self) -> tuple[int, int, int] | None:
+        """What changes when the database's file is written (None: the kind has no such file)."""
+        return None
 
     def prepare(self) -> None:
         """Before the first connection of a buffer that is to be made."""

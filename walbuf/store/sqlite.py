@@ -70,6 +70,7 @@ class SQLiteBackend(Backend):
     """
 
     name = "sqlite"
+    path: Path
 
     def __init__(
         self, path: Path, *, locks: Path | None = None, journal: Journal = "wal", owner: Owner | None = None
@@ -194,6 +195,9 @@ class SQLiteBackend(Backend):
         still read as an immutable file.
         """
         return not Path(f"{self.path}-wal").exists()
+
+    def immutable_engine(self, durability: Durability, busy_timeout: float, access: Access) -> sa.Engine:
+        return self.engine(durability, busy_timeout, access, immutable=True)
 
     def file_state(self) -> tuple[int, int, int]:
         """What changes when a checkpoint writes the file (see Storage.begin_read)."""

@@ -42,7 +42,6 @@ from .schema import (
     upgrade,
     writers,
 )
-from .sqlite import SQLiteBackend
 from .target import Target, set_target
 
 DEFAULT_BUSY_TIMEOUT = 60.0  # seconds; a writer waits this long for the write lock
@@ -132,10 +131,10 @@ class Storage:
             # make the -shm it needs. With no -wal, every record is in the
             # file: read it as immutable (see begin_read for a writer that
             # starts meanwhile).
-            if access != "read" or not isinstance(backend, SQLiteBackend) or not backend.readable_immutable():
+            if access != "read" or not backend.readable_immutable():
                 raise
             self._immutable_state = backend.file_state()
-            self.engine = backend.engine(durability, busy_timeout, access, immutable=True)
+            self.engine = backend.immutable_engine(durability, busy_timeout, access)
             try:
                 with self.translate_errors():
                     self._ensure_schema(access)
@@ -177,7 +176,7 @@ class Storage:
                     upgrade(conn)
 
     def _file_state(self) -> tuple[int, int, int] | None:
-        return self.backend.file_state() if isinstance(self.backend, SQLiteBackend) else None
+        return self.backend.file_state()
 
     # -- connections ---------------------------------------------------------
 

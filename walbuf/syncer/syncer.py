@@ -39,7 +39,6 @@ from ..buffer import Buffer, Location, open_buffer
 from ..errors import ConfigError, SyncLockedError, UploadError
 from ..store import Storage, Target
 from ..store.schema import syncs
-from ..store.sqlite import SQLiteBackend
 from ..store.target import check_target
 from ..store.trust import Owner, make_folders
 from .budget import Budget, OutOfTime
@@ -288,7 +287,7 @@ def _wandb_folder(storage: Storage, directory: str | os.PathLike[str] | None, mo
     if mode == "offline":
         if directory is not None:
             yield Path(directory)
-        elif isinstance(storage.backend, SQLiteBackend):
+        elif storage.backend.path is not None:
             # Beside the buffer's file (in a directory buffer: inside it), so the
             # buffer's owner's, and owner-only: never a link, never another account's.
             path = storage.backend.path
