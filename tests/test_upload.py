@@ -404,6 +404,38 @@ def test_the_summary_holds_each_keys_last_value_and_the_summary_calls_over_them(
     assert summary["a/loss"] == 0.25 and summary["best"] == 0.25 and summary["a/step"] == 1
 
 
+@pytest.mark.parametrize(
+    ("argument", "value", "says"),
+    [
+        ("max_records", 0, "max_records must be a positive int"),
+        ("max_records", True, "max_records must be a positive int"),
+        ("max_records", 2.0, "max_records must be a positive int"),
+        ("max_seconds", 0, "max_seconds must be positive"),
+        ("max_seconds", float("nan"), "max_seconds must be a finite number of seconds"),
+        ("max_seconds", -1, "max_seconds must be a finite number of seconds"),
+        ("wait", float("inf"), "wait must be a finite number of seconds"),
+        ("wait", "5", "wait must be a finite number of seconds"),
+        ("mode", "shared", "mode must be one of"),
+    ],
+)
+def test_a_bad_argument_to_sync_is_refused_naming_it_and_nothing_changes(buffer, argument, value, says):
+    with walbuf.Writer(buffer, writer="a") as a:
+        a.log({"x": 0})
+    before = buffer.read_bytes()
+    with pytest.raises(walbuf.ConfigError, match=says):
+        walbuf.sync(buffer, **{argument: value})
+    assert buffer.read_bytes() == before and walbuf.status(buffer).runs[0].pending == 1
+
+
+@pytest.mark.parametrize(
+    ("argument", "value", "says"),
+    [("interval", 0, "interval must be positive"), ("renew_every", 0, "renew_every must be a positive int")],
+)
+def test_a_bad_argument_to_follow_is_refused_naming_it(buffer, argument, value, says):
+    with pytest.raises(walbuf.ConfigError, match=says):
+        walbuf.follow(buffer, **{argument: value})
+
+
 # One operation of a job and its syncs: a writer logs a record, or a sync
 # runs (bounded to a few records, or not; its upload failing, or not).
 operations = st.lists(

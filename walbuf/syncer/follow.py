@@ -29,11 +29,11 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from ..buffer import Buffer, Location, open_buffer
-from ..errors import BufferNotFoundError, ConfigError, UploadError
+from ..errors import BufferNotFoundError, UploadError
 from ..store import Storage, Target
 from ..store.schema import runs
 from ..store.target import check_target
-from .budget import Budget
+from .budget import Budget, count, seconds
 from .plan import runs_to_sync
 from .results import SyncResult
 from .syncer import holding_sync_lock, sync_pass
@@ -79,10 +79,8 @@ def follow(
     SyncLockedError if another syncer holds the buffer, and what a sync
     raises but UploadError.
     """
-    if not (isinstance(interval, (int, float)) and 0 < interval < float("inf")):
-        raise ConfigError(f"interval must be a positive number of seconds, not {interval!r}")
-    if isinstance(renew_every, bool) or not isinstance(renew_every, int) or renew_every < 1:
-        raise ConfigError(f"renew_every must be a positive int, not {renew_every!r}")
+    interval = seconds("interval", interval, positive=True)
+    renew_every = count("renew_every", renew_every)
     overrides = check_target(Target(run_id, project, entity))
     waiting = stop if stop is not None else threading.Event()
     located = None

@@ -22,7 +22,6 @@ reports how many that may be.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import shutil
 import socket
@@ -41,7 +40,7 @@ from ..store import Storage, Target
 from ..store.schema import syncs
 from ..store.target import check_target
 from ..store.trust import Owner, make_folders
-from .budget import Budget, OutOfTime
+from .budget import Budget, OutOfTime, count, seconds
 from .finish import outcome
 from .plan import plan, runs_to_sync
 from .results import SYNC_MODES, RunSync, SyncMode, SyncResult
@@ -92,18 +91,13 @@ def sync(
     """
     if mode not in SYNC_MODES:
         raise ConfigError(f"mode must be one of {', '.join(SYNC_MODES)}, not {mode!r}")
-    if max_records is not None and (
-        isinstance(max_records, bool) or not isinstance(max_records, int) or max_records <= 0
-    ):
-        raise ConfigError(f"max_records must be a positive int, not {max_records!r}")
-    for name, value in (("max_seconds", max_seconds), ("wait", wait)):
-        if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-            raise ConfigError(f"{name} must be a finite number of seconds, not {value!r}")
-    if max_seconds is not None and max_seconds <= 0:
-        raise ConfigError(f"max_seconds must be positive, not {max_seconds!r}")
+    budget = Budget(
+        None if max_records is None else count("max_records", max_records),
+        None if max_seconds is None else seconds("max_seconds", max_seconds, positive=True),
+    )
+    wait = seconds("wait", wait)
     overrides = check_target(Target(run_id, project, entity))
     located = open_buffer(buffer)
-    budget = Budget(max_records, max_seconds)
     if dry_run:
         return _dry_run(located, run, overrides, mode, budget)
     with holding_sync_lock(located, wait):
