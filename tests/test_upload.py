@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 import walbuf
 from walbuf.buffer import open_buffer
 from walbuf.errors import TargetRefusedError, UploadError
+from walbuf.record import MAX_LINE_BYTES
 from walbuf.store import Target
 from walbuf.syncer.budget import Budget
 from walbuf.syncer.syncer import sync_pass
@@ -185,6 +186,8 @@ def test_a_failed_upload_advances_nothing_and_the_next_sends_it_all(buffer):
             a.log({"x": i})
         sync_in_process(buffer, stand_in)
         assert stand_in.confirmed_rows() == [] and walbuf.status(buffer).runs[0].pending == 3
+        last = walbuf.status(buffer).runs[0].last_sync
+        assert last is not None and last.status == "failed" and "W&B could not be reached" in (last.message or "")
         sync_in_process(buffer, stand_in)
     assert steps(stand_in.confirmed_rows(), "a") == [0, 1, 2]
 
@@ -434,6 +437,59 @@ def test_a_bad_argument_to_sync_is_refused_naming_it_and_nothing_changes(buffer,
 def test_a_bad_argument_to_follow_is_refused_naming_it(buffer, argument, value, says):
     with pytest.raises(walbuf.ConfigError, match=says):
         walbuf.follow(buffer, **{argument: value})
+
+
+def test_a_sync_of_more_records_than_one_batch_sends_each_once_in_order(buffer):
+    stand_in = StandIn()
+    with walbuf.Writer(buffer, writer="a") as a:
+        for i in range(1201):  # more than BATCH (500) records in one read chunk
+            a.log({"x": i})
+        sync_in_process(buffer, stand_in)
+    assert steps(stand_in.confirmed_rows(), "a") == list(range(1201))
+
+
+def test_the_progress_callback_counts_every_record_handled_and_the_result_each_writers(buffer):
+    stand_in, reported = StandIn(), []
+    with walbuf.Writer(buffer, writer="a") as a, walbuf.Writer(buffer, writer="b") as b:
+        for i in range(600):
+            (a if i % 3 else b).log({"x": i})
+        result = sync_pass(
+            open_buffer(buffer),
+            None,
+            Target(),
+            "online",
+            buffer.parent / "wandb",
+            Budget(None, None),
+            progress=reported.append,
+            open_run=stand_in.open,
+        )
+    assert sum(reported) == 600 and len(reported) >= 2  # after each batch
+    assert result.runs[0].per_writer == {"a": 400, "b": 200}
+
+
+def test_a_record_whose_step_axis_value_is_not_a_step_is_quarantined(buffer):
+    stand_in = StandIn()
+    with walbuf.Writer(buffer, writer="a") as a:
+        a.log({"x": 0})
+        a.log({"x": 1})
+    with sqlite3.connect(buffer) as conn:  # as an older walbuf let it in
+        conn.execute("""UPDATE records SET metrics = '{"x": 1, "step": -4}' WHERE step = 1""")
+    result = sync_in_process(buffer, stand_in)
+    (quarantined,) = result.runs[0].quarantined
+    assert "step axis" in quarantined.reason and steps(stand_in.confirmed_rows(), "a") == [0]
+
+
+def test_a_summary_over_w_and_bs_line_limit_leaves_its_largest_values_out_and_says_so(buffer):
+    stand_in = StandIn()
+    big = 999_000  # under the limit of one value; eleven pass the line, ten fit
+    assert 10 * big < MAX_LINE_BYTES - 1024 < 11 * big
+    with walbuf.Writer(buffer, writer="a") as a:
+        a.log({"x": 0})
+        a.summary({f"k{i}": "s" * (big - 10 + i) for i in range(11)})
+        result = sync_in_process(buffer, stand_in)
+    (left_out,) = result.runs[0].refused_settings
+    assert (left_out.kind, left_out.key) == ("summary", "k10")  # the largest
+    assert "k10" not in stand_in.uploads[0].summary and "k0" in stand_in.uploads[0].summary
 
 
 # One operation of a job and its syncs: a writer logs a record, or a sync
