@@ -146,7 +146,8 @@ def test_a_sync_hands_each_pending_record_to_the_run_once_in_commit_order(buffer
         for i in range(3):
             a.log({"x": i})
             b.log({"y": i})
-    sync_in_process(buffer, stand_in)
+    result = sync_in_process(buffer, stand_in)
+    assert result.runs[0].possibly_duplicated == 0  # no earlier upload could have delivered any
     rows = stand_in.confirmed_rows()
     assert [(next(iter(r)).split("/")[0], r.get("a/x", r.get("b/y"))) for r in rows] == [
         ("a", 0),
@@ -490,6 +491,17 @@ def test_a_summary_over_w_and_bs_line_limit_leaves_its_largest_values_out_and_sa
     (left_out,) = result.runs[0].refused_settings
     assert (left_out.kind, left_out.key) == ("summary", "k10")  # the largest
     assert "k10" not in stand_in.uploads[0].summary and "k0" in stand_in.uploads[0].summary
+
+
+def test_after_a_failed_upload_the_next_says_how_many_records_w_and_b_may_hold_twice(buffer):
+    stand_in = StandIn(fail_next=1)
+    with walbuf.Writer(buffer, writer="a") as a:
+        for i in range(3):
+            a.log({"x": i})
+        sync_in_process(buffer, stand_in)  # handed all three to wandb, then failed
+        a.log({"x": 3})
+        (again,) = sync_in_process(buffer, stand_in).runs
+    assert (again.records, again.possibly_duplicated) == (4, 3)
 
 
 # One operation of a job and its syncs: a writer logs a record, or a sync
