@@ -304,7 +304,7 @@ def test_a_run_synced_offline_goes_online_only_into_a_new_w_and_b_run(buffer, tm
         a.log({"x": 0})
         sync_in_process(buffer, stand_in, mode="offline")
         a.log({"x": 1})
-    with pytest.raises(walbuf.ConfigError, match="--run-id"):
+    with pytest.raises(walbuf.ConfigError, match="`wandb sync` of an offline run writes a non-shared history"):
         sync_in_process(buffer, stand_in)
     first = stand_in.uploads[0].target.wandb_id
     sync_in_process(buffer, stand_in, overrides=Target(wandb_id="fresh01"))
@@ -502,6 +502,38 @@ def test_after_a_failed_upload_the_next_says_how_many_records_w_and_b_may_hold_t
         a.log({"x": 3})
         (again,) = sync_in_process(buffer, stand_in).runs
     assert (again.records, again.possibly_duplicated) == (4, 3)
+
+
+def test_a_new_offline_run_numbers_its_rows_from_0(buffer):
+    stand_in = StandIn()
+    with walbuf.Writer(buffer, writer="a") as a:
+        for i in range(2):
+            a.log({"x": i})
+        sync_in_process(buffer, stand_in, mode="offline")
+        a.log({"x": 2})
+        sync_in_process(buffer, stand_in, overrides=Target(wandb_id="online01"))
+        a.log({"x": 3})
+        sync_in_process(buffer, stand_in, mode="offline", overrides=Target(wandb_id="offline02"))
+    assert [u.steps for u in stand_in.uploads[:3]] == [[0, 1], [None], [0]]
+
+
+def test_the_entry_of_a_syncer_that_died_is_closed_as_interrupted_and_its_records_counted(buffer):
+    stand_in = StandIn()
+    with walbuf.Writer(buffer, writer="a") as a:
+        for i in range(3):
+            a.log({"x": i})
+    with sqlite3.connect(buffer) as conn:  # what a syncer killed mid-upload leaves
+        conn.execute(
+            "INSERT INTO syncs (run_id, mode, status, started_at, last_id, records, host, pid)"
+            " VALUES (1, 'online', 'running', 0, 3, 3, 'h', 1)"
+        )
+    (report,) = sync_in_process(buffer, stand_in).runs
+    assert report.possibly_duplicated == 3
+    with sqlite3.connect(buffer) as conn:
+        assert conn.execute("SELECT status, message FROM syncs WHERE id = 1").fetchone() == (
+            "interrupted",
+            "the syncer died during the upload",
+        )
 
 
 # One operation of a job and its syncs: a writer logs a record, or a sync
