@@ -44,6 +44,7 @@ class Upload:
     finished: bool = False  # finish() returned: W&B confirmed the upload
     exit_code: int | None = None
     preempting: bool = False  # marked preempting: the job goes on
+    finish_state: bool = False  # opened to set the run's state at finish (a shared-mode writer leaves it alone)
     steps: list[int | None] = field(default_factory=list)  # the step each row was logged at (offline mode)
 
 
@@ -58,7 +59,7 @@ class StandIn:
     def open(self, target: Target, name: str | None, mode: str, directory: Path, **options: Any) -> RecordingRun:
         if self.refuse_target:
             raise TargetRefusedError(f"W&B refused opening W&B run {target.wandb_id!r} (HTTP 403): permission denied")
-        upload = Upload(target, name, options.get("config"))
+        upload = Upload(target, name, options.get("config"), finish_state=options.get("finish_state", False))
         self.uploads.append(upload)
         failing = self.fail_next > 0
         self.fail_next -= failing
@@ -321,6 +322,7 @@ def test_while_the_job_goes_on_each_upload_marks_the_run_preempting(buffer):
         sync_in_process(buffer, stand_in, more_soon=True)  # a --follow: another pass comes within seconds
     sync_in_process(buffer, stand_in)  # the job is done: the run is finished instead
     assert [(u.preempting, u.exit_code) for u in stand_in.uploads] == [(True, None), (False, None), (False, 0)]
+    assert [u.finish_state for u in stand_in.uploads] == [False, False, True]  # only the finishing one
 
 
 def test_a_writer_that_failed_finishes_the_run_with_exit_code_1(buffer):
@@ -384,6 +386,9 @@ def test_a_config_entry_w_and_b_would_refuse_is_left_out_with_the_reason(buffer)
     (refused,) = result.runs[0].refused_settings
     assert (refused.kind, refused.key) == ("config", "_wandb") and "nothing was stored" not in refused.reason
     assert stand_in.uploads[0].config == {"lr": 0.1}
+    with walbuf.Writer(buffer, writer="a") as a:
+        a.log({"x": 1})
+        assert sync_in_process(buffer, stand_in).runs[0].refused_settings == ()  # said once
 
 
 def test_offline_rows_number_on_across_syncs(buffer):
