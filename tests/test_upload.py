@@ -391,6 +391,20 @@ def test_a_config_entry_w_and_b_would_refuse_is_left_out_with_the_reason(buffer)
         assert sync_in_process(buffer, stand_in).runs[0].refused_settings == ()  # said once
 
 
+def test_a_config_value_that_is_not_json_is_left_out_once_with_the_reason(buffer):
+    stand_in = StandIn()
+    with walbuf.Writer(buffer, writer="a") as a:
+        a.config({"lr": 0.1, "depth": 3})
+        a.log({"x": 0})
+        with sqlite3.connect(buffer) as conn:  # a buffer is untrusted input
+            conn.execute("UPDATE config_entries SET value = '{not json' WHERE key = 'depth'")
+        (refused,) = sync_in_process(buffer, stand_in).runs[0].refused_settings
+        assert refused.key == "depth" and "not JSON walbuf writes" in refused.reason
+        a.log({"x": 1})
+        assert sync_in_process(buffer, stand_in).runs[0].refused_settings == ()
+    assert stand_in.uploads[0].config == {"lr": 0.1}
+
+
 def test_offline_rows_number_on_across_syncs(buffer):
     stand_in = StandIn()
     with walbuf.Writer(buffer, writer="a") as a:
