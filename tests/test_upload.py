@@ -274,6 +274,30 @@ def test_a_run_the_buffer_lacks_is_refused_naming_those_it_has(buffer):
         walbuf.sync(buffer, run="nope", dry_run=True)
 
 
+def test_a_follow_of_one_run_uploads_it_once_it_exists_and_waits_before(buffer):
+    stand_in = StandIn()
+
+    def follow_pass() -> walbuf.SyncResult:  # as walbuf.follow syncs: a run no writer made yet is no error
+        return sync_pass(
+            open_buffer(buffer),
+            "exp1",
+            Target(),
+            "online",
+            buffer.parent / "wandb",
+            Budget(None, None),
+            more_soon=True,
+            missing_ok=True,
+            open_run=stand_in.open,
+        )
+
+    with walbuf.Writer(buffer, writer="a", run="other") as a:
+        a.log({"x": 0})
+    assert follow_pass().runs == ()
+    with walbuf.Writer(buffer, writer="a", run="exp1") as a:
+        a.log({"x": 0})
+        assert [r.run for r in follow_pass().runs] == ["exp1"]
+
+
 def test_a_w_and_b_run_id_for_a_buffer_of_several_runs_needs_the_run(buffer):
     for run in ("exp1", "exp2"):
         with walbuf.Writer(buffer, writer="a", run=run) as a:
