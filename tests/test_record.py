@@ -282,6 +282,36 @@ def test_values_up_to_the_limits_are_kept(buffer):
     assert log_and_read(buffer, metrics)["big"] == metrics["big"]
 
 
+def nested_lists(depth):
+    value = [1.0]
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+# Each limit at its edge: (what is kept, one past it, what the refusal says). A
+# record is a dict: it is the first level of nesting, its values the second.
+AT_THE_EDGE = {
+    "dicts nested 32 deep": (nested(MAX_DEPTH - 1), nested(MAX_DEPTH), "nested more than"),
+    "lists nested 32 deep": (
+        {"l": nested_lists(MAX_DEPTH - 1)},
+        {"l": nested_lists(MAX_DEPTH)},
+        "nested more than",
+    ),
+    "a str of 1,000,000 bytes": ({"s": "x" * MAX_VALUE_BYTES}, {"s": "x" * (MAX_VALUE_BYTES + 1)}, "over W&B's limit"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(AT_THE_EDGE))
+def test_a_value_at_a_limit_is_kept_and_one_past_it_refused(buffer, case):
+    kept, past, message = AT_THE_EDGE[case]
+    with walbuf.Writer(buffer, writer="w") as w:
+        w.log(kept)
+        with pytest.raises(walbuf.MetricValueError, match=message):
+            w.log(past)
+    assert record_count(buffer) == 1
+
+
 @pytest.mark.parametrize(
     "metrics, key",
     [({"x": 10**5000}, "x"), ({"n": {"x": -(10**309)}}, "n/x"), ({"l": [1, 2**1024]}, r"l\[1\]")],
