@@ -399,33 +399,26 @@ def test_a_config_key_set_again_with_another_value_is_reported_and_the_later_val
         assert sync_in_process(buffer, stand_in).runs[0].config_changes == ()  # reported once
 
 
-def test_a_config_entry_w_and_b_would_refuse_is_left_out_with_the_reason(buffer):
+@pytest.mark.parametrize(
+    ("planted", "key", "why"),
+    [
+        ("UPDATE config_entries SET key = '_wandb' WHERE key = 'depth'", "_wandb", "reserves for itself"),
+        ("UPDATE config_entries SET value = '{not json' WHERE key = 'depth'", "depth", "not JSON walbuf writes"),
+    ],
+    ids=["a key W&B reserves", "a value that is not JSON"],
+)
+def test_a_config_entry_w_and_b_would_refuse_is_left_out_once_with_the_reason(buffer, planted, key, why):
     stand_in = StandIn()
     with walbuf.Writer(buffer, writer="a") as a:
         a.config({"lr": 0.1, "depth": 3})
         a.log({"x": 0})
-    with sqlite3.connect(buffer) as conn:  # as an older walbuf let it in
-        conn.execute("UPDATE config_entries SET key = '_wandb' WHERE key = 'depth'")
-    result = sync_in_process(buffer, stand_in)
-    (refused,) = result.runs[0].refused_settings
-    assert (refused.kind, refused.key) == ("config", "_wandb") and "nothing was stored" not in refused.reason
-    assert stand_in.uploads[0].config == {"lr": 0.1}
-    with walbuf.Writer(buffer, writer="a") as a:
+        with sqlite3.connect(buffer) as conn:  # a buffer is untrusted input: as an older walbuf let it in
+            conn.execute(planted)
+        (refused,) = sync_in_process(buffer, stand_in).runs[0].refused_settings
+        assert (refused.kind, refused.key) == ("config", key) and why in refused.reason
+        assert "nothing was stored" not in refused.reason
         a.log({"x": 1})
         assert sync_in_process(buffer, stand_in).runs[0].refused_settings == ()  # said once
-
-
-def test_a_config_value_that_is_not_json_is_left_out_once_with_the_reason(buffer):
-    stand_in = StandIn()
-    with walbuf.Writer(buffer, writer="a") as a:
-        a.config({"lr": 0.1, "depth": 3})
-        a.log({"x": 0})
-        with sqlite3.connect(buffer) as conn:  # a buffer is untrusted input
-            conn.execute("UPDATE config_entries SET value = '{not json' WHERE key = 'depth'")
-        (refused,) = sync_in_process(buffer, stand_in).runs[0].refused_settings
-        assert refused.key == "depth" and "not JSON walbuf writes" in refused.reason
-        a.log({"x": 1})
-        assert sync_in_process(buffer, stand_in).runs[0].refused_settings == ()
     assert stand_in.uploads[0].config == {"lr": 0.1}
 
 
