@@ -25,7 +25,7 @@ LAYERS = {
     "walbuf.expiry": set(),
     "walbuf.writer": {"walbuf.store", "walbuf.buffer", "walbuf.settings", "walbuf.expiry"},
 }
-ANYWHERE = {"walbuf.errors", "walbuf.record", "walbuf.histogram", "walbuf.image"}
+ANYWHERE = {"walbuf.errors", "walbuf.arguments", "walbuf.record", "walbuf.histogram", "walbuf.image"}
 
 
 def module_name(path: Path) -> str:

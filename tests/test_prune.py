@@ -139,6 +139,15 @@ def test_cli_prune_and_its_bad_age(buffer):
     assert missing.exit_code == 66
 
 
+@pytest.mark.parametrize("older_than", [-1, float("inf"), True, "7d"])
+def test_an_age_that_is_not_seconds_is_refused_naming_it_and_nothing_is_deleted(buffer, older_than):
+    log(buffer, "a", 3)
+    mark_synced(buffer, "a", 2)
+    with pytest.raises(walbuf.ConfigError, match="older_than must be a finite number of seconds >= 0"):
+        prune(buffer, older_than=older_than)
+    assert len(list(walbuf.read(buffer))) == 3
+
+
 @pytest.mark.backends("sqlite")
 def test_a_buffer_made_before_incremental_vacuum_is_switched_by_its_first_prune_and_shrinks(buffer):
     log(buffer, "a", 3000)

@@ -198,6 +198,13 @@ def test_unknown_durability_is_refused(buffer):
     assert not buffer_exists(buffer)
 
 
+@pytest.mark.parametrize("wait", [-1, float("inf"), float("nan"), True, "5"])
+def test_a_wait_that_is_not_seconds_is_refused_naming_it(buffer, wait):
+    with pytest.raises(walbuf.ConfigError, match="wait must be a finite number of seconds >= 0"):
+        walbuf.Writer(buffer, writer="w", wait=wait)
+    assert not buffer_exists(buffer)
+
+
 def test_missing_parent_directories_are_created(tmp_path):
     deep = tmp_path / "a" / "b" / "c.db"
     walbuf.Writer(deep, writer="w").close()

@@ -29,12 +29,12 @@ WALBUF_ROTATE_SECONDS (see walbuf.directory.layout).
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from .arguments import seconds
 from .buffer import Buffer, Location, open_buffer
 from .errors import ArgumentTypeError, ConfigError
 from .record import CONTROL_CHARACTERS, RESERVED_KEYS
@@ -125,8 +125,7 @@ class WriterSettings:
             raise ArgumentTypeError(f"unknown writer setting(s): {', '.join(sorted(unknown))}")
         if durability not in DURABILITY_LEVELS:
             raise ConfigError(f"durability must be one of {', '.join(DURABILITY_LEVELS)}, not {durability!r}")
-        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not (wait >= 0 and math.isfinite(wait)):
-            raise ConfigError(f"wait must be a number of seconds >= 0, not {wait!r}")
+        wait = seconds("wait", wait)
         for name, value in (("writer", writer), ("step_axis", step_axis)):
             if value is not None:
                 _text(name, value, "")

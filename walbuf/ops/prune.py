@@ -10,13 +10,13 @@ so its steps never restart.
 
 from __future__ import annotations
 
-import math
 import re
 import time
 from dataclasses import dataclass
 
 import sqlalchemy as sa
 
+from ..arguments import seconds
 from ..buffer import Location, open_buffer
 from ..errors import ConfigError
 from ..store import Storage
@@ -59,12 +59,7 @@ def prune(buffer: Location, *, older_than: float, vacuum: bool = True) -> PruneR
     SQLiteBackend.reclaim). In PostgreSQL plain VACUUM makes the space
     reusable by new records without giving it back to the filesystem.
     """
-    if (
-        isinstance(older_than, bool)
-        or not isinstance(older_than, (int, float))
-        or not (older_than >= 0 and math.isfinite(older_than))
-    ):
-        raise ConfigError(f"older_than must be a finite number of seconds >= 0, not {older_than!r}")
+    older_than = seconds("older_than", older_than)
     located = open_buffer(buffer)
     deleted = 0
     store = located.open_store("write")  # None: a directory buffer no sync has made a hub for yet

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 import threading
@@ -12,26 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
-from ..errors import ConfigError
-
 INIT_TIMEOUT = 90.0  # seconds wandb may take to open a run, with no bound given
-
-
-def count(name: str, value: object) -> int:
-    """``value``, a positive int; else ConfigError naming the argument ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{name} must be a positive int, not {value!r}")
-    return value
-
-
-def seconds(name: str, value: object, *, positive: bool = False) -> float:
-    """``value``, a finite number of seconds >= 0 (> 0 if ``positive``); else ConfigError naming the argument
-    ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ConfigError(f"{name} must be a finite number of seconds, not {value!r}")
-    if positive and value == 0:
-        raise ConfigError(f"{name} must be positive, not {value!r}")
-    return float(value)
 
 
 class OutOfTime(BaseException):

@@ -28,12 +28,13 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
+from ..arguments import count, seconds
 from ..buffer import Buffer, Location, open_buffer
 from ..errors import BufferNotFoundError, UploadError
 from ..store import Storage, Target
 from ..store.schema import runs
 from ..store.target import check_target
-from .budget import Budget, count, seconds
+from .budget import Budget
 from .plan import runs_to_sync
 from .results import SyncResult
 from .syncer import holding_sync_lock, sync_pass

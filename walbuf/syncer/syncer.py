@@ -34,13 +34,14 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from ..arguments import count, seconds
 from ..buffer import Buffer, Location, open_buffer
 from ..errors import ConfigError, SyncLockedError, UploadError
 from ..store import Storage, Target
 from ..store.schema import syncs
 from ..store.target import check_target
 from ..store.trust import Owner, make_folders
-from .budget import Budget, OutOfTime, count, seconds
+from .budget import Budget, OutOfTime
 from .finish import outcome
 from .plan import plan, runs_to_sync
 from .results import SYNC_MODES, RunSync, SyncMode, SyncResult
