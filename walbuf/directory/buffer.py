@@ -190,8 +190,9 @@ class DirectoryBuffer:
     def all_in_store(self) -> bool:
         """Whether the store a sync uploads from (the hub) holds every record there is: no shard waits outside it,
         none was set aside, and nothing walbuf does not open lies there. Reads only."""
-        scan = self.layout.scan()
-        return not (any(s.state != "ingested" for s in scan.shards) or scan.strangers or self.layout.quarantined())
+        layout = self.layout
+        scan = layout.scan()
+        return not (any(s.state != "ingested" for s in scan.shards) or scan.strangers or layout.quarantined())
 
     def not_in_hub(self, shard: Shard, hub: Storage | None) -> int:
         """How many of a shard's records ``hub`` (this buffer's, open; None: not made yet) lacks."""

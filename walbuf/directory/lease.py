@@ -179,10 +179,10 @@ def _seal(layout: Layout, owner: Owner, host: str, path: Path, *, foreign: bool)
         finally:
             conn.close()
     except sqlite3.DatabaseError as exc:
-        message = str(exc)
-        if failure(exc) == "corrupt":
+        message, kind = str(exc), failure(exc)
+        if kind == "corrupt":
             return message
-        if failure(exc) == "busy":
+        if kind == "busy":
             raise _Busy from exc
         raise StorageError(f"shard {path} could not be sealed ({message}); nothing was changed") from exc
     fd = owner.open(path, os.O_RDONLY)

@@ -175,9 +175,6 @@ class Storage:
                     check_known(revision, self.location)
                     upgrade(conn)
 
-    def _file_state(self) -> tuple[int, int, int] | None:
-        return self.backend.file_state()
-
     # -- connections ---------------------------------------------------------
 
     @contextmanager
@@ -234,7 +231,7 @@ class Storage:
                 yield read
 
     def _check_untorn(self) -> None:
-        if self._immutable_state is not None and self._file_state() != self._immutable_state:
+        if self._immutable_state is not None and self.backend.file_state() != self._immutable_state:
             # An immutable read takes no lock: a writer that opened the buffer
             # meanwhile and checkpointed into the file may have torn what was read.
             raise BufferBusyError(f"{self.location} changed while it was read (a writer opened it); read it again")
@@ -382,15 +379,19 @@ class Storage:
                 )
             also(conn)
             set_target(conn, done.run_id, done.run_name, done.target)
+            # An offline run numbers its rows on from where this upload ended.
+            offline = {"offline_step": runs.c.offline_step + done.sent} if done.mode == "offline" else {}
             conn.execute(
                 runs.update()
                 .where(runs.c.id == done.run_id)
-                .values(config_id=done.config_id, target_refused=None, finished_exit=done.finished_exit, mode=done.mode)
-            )
-            if done.mode == "offline":
-                conn.execute(
-                    runs.update().where(runs.c.id == done.run_id).values(offline_step=runs.c.offline_step + done.sent)
+                .values(
+                    config_id=done.config_id,
+                    target_refused=None,
+                    finished_exit=done.finished_exit,
+                    mode=done.mode,
+                    **offline,
                 )
+            )
             conn.execute(
                 syncs.update()
                 .where(syncs.c.id == done.sync_id)
