@@ -86,7 +86,7 @@ class _Open:
             wanted[axis] = None
         conflict = self.storage.claim_keys(self.writer_pk, wanted)
         if conflict is not None:
-            raise KeyConflictError(f"{conflict.explain(self.writer, axis)}", NOTHING_WRITTEN)
+            raise KeyConflictError(conflict.explain(self.writer, axis), NOTHING_WRITTEN)
         self.claimed.update(new)
         self.axis_claimed = True
 

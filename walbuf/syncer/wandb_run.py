@@ -555,9 +555,8 @@ def kill_wandb_core() -> None:
         with contextlib.suppress(OSError):  # a thread or child that ended meanwhile
             for child in (task / "children").read_text().split():
                 argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
-                if any(
-                    arg.endswith(b"wandb-core") for arg in argv[:2]
-                ):  # the program, or a script's interpreter's file
+                # wandb-core as the program, or as the file a script's interpreter runs.
+                if any(arg.endswith(b"wandb-core") for arg in argv[:2]):
                     os.kill(int(child), signal.SIGKILL)
 
 
