@@ -7,13 +7,12 @@ ReplicaClient). A kind added later passes this file first.
 
 from __future__ import annotations
 
-import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import POSTGRES, fresh_buffer
+from conftest import fresh_buffer, require_postgres
 
 import walbuf
 from walbuf.buffer import Buffer, open_buffer
@@ -24,11 +23,8 @@ KINDS = ["sqlite", "postgresql", "directory"]
 @pytest.fixture(params=KINDS)
 def location(request: pytest.FixtureRequest) -> Iterator[str]:
     """A buffer of the kind that does not exist yet."""
-    if request.param == "postgresql" and not POSTGRES:
-        message = "no PostgreSQL: run the tests as scripts/with-postgres pytest"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+    if request.param == "postgresql":
+        require_postgres()
     if request.param == "directory":
         with tempfile.TemporaryDirectory() as tmp:
             yield str(Path(tmp) / "buf") + "/"
