@@ -336,8 +336,8 @@ def shared_folders(cotenant):
 @pytest.fixture
 def limited_database():
     """A URL of a new database whose role may hold 2 connections at once (superusers have no such limit)."""
-    if POSTGRES is None:
-        pytest.skip("no PostgreSQL: run the tests as scripts/with-postgres pytest")
+    require_postgres()
+    assert POSTGRES is not None
     name = f"limited_{uuid.uuid4().hex[:12]}"
     admin = sa.create_engine(POSTGRES, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
     with admin.connect() as conn:
