@@ -42,3 +42,13 @@ def test_the_first_five_minutes_run_as_pasted_and_arrive_in_one_w_and_b_run(serv
     assert [step for step, _ in rows_of(run, "eval-3", axis="eval_step")] == [0, 12, 13]
     assert rows_of(run, "evaluate", axis="eval_step") == [(0, {"eval/accuracy": 0.9})]
     assert run.config["lr"] == {"value": 3e-4}  # as W&B stores a config value
+
+
+def test_readme_gives_the_two_commands_ci_runs():
+    """A newcomer finds in README itself how to set up and how to run the tests, as CI does them."""
+    ci = (README.parent / ".ci" / "run").read_text().splitlines()
+    setup = next(line for line in ci if "pip install" in line)
+    tests = next(line for line in ci if "pytest" in line)
+    commands = [line for _, code in blocks("Install") for line in code.splitlines()]
+    assert setup in commands
+    assert tests in commands

@@ -389,9 +389,8 @@ def _core_connection(doing: str) -> Iterator[None]:
     wandb noticed, as MailboxClosedError.
     """
     # A reply that cannot come, or a request that cannot go: the connection is gone.
-    from wandb.sdk.mailbox import HandleAbandonedError, MailboxClosedError
-
     import wandb
+    from wandb.sdk.mailbox import HandleAbandonedError, MailboxClosedError
 
     try:
         yield
