@@ -376,3 +376,89 @@ def unused_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         yield sock.getsockname()[1]
+
+
+def legacy_shard(directory, host, writer, n, *, sealed=False, project=None, metric="i"):
+    """A SQLite shard as walbuf wrote them before log shards, of ``writer`` with ``n`` records; its path.
+
+    Live (``live/HOST/GEN.db``, WAL), or as that walbuf sealed it
+    (``sealed/HOST.GEN.db``, rollback journal). Records hold {metric: i}.
+    """
+    import json
+    import time
+
+    from walbuf.directory.layout import Layout
+    from walbuf.store import Storage, Target
+    from walbuf.store.sqlite import SQLiteBackend
+
+    layout = Layout(Path(directory))
+    layout.make()
+    gen = time.time_ns()
+    path = layout.live(host) / f"{gen:020d}.db"
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    with Storage(SQLiteBackend(path, locks=layout.locks, owner=layout.owner), access="create") as shard:
+        pk, _ = shard.register_writer("exp", writer, "step", writer, host, os.getpid(), Target(None, project, None))
+        appender = shard.appender()
+        for i in range(n):
+            appender.append((pk, i, time.time(), json.dumps({metric: i})))
+        appender.close()
+        shard.mark_closed(pk)
+    if not sealed:
+        return path
+    import sqlite3
+
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA journal_mode=DELETE")
+    conn.close()
+    target = layout.sealed / f"{host}.{gen}.db"
+    layout.sealed.mkdir(exist_ok=True)
+    os.replace(path, target)
+    return target
+
+
+def log_shard(directory, host, frames, *, state="sealed"):
+    """A log shard of frames as given (bytes of walbuf.directory.frames), after a process frame of this process.
+
+    In sealed/ (HOST.GEN.log) or live/HOST/ (GEN.log); its path.
+    """
+    import time
+
+    from walbuf.directory import frames as f
+    from walbuf.directory.host import Process
+    from walbuf.directory.layout import Layout
+
+    layout = Layout(Path(directory))
+    layout.make()
+    gen = time.time_ns()
+    if state == "sealed":
+        layout.sealed.mkdir(exist_ok=True)
+        path = layout.sealed / f"{host}.{gen}.log"
+    else:
+        layout.live(host).mkdir(mode=0o700, exist_ok=True)
+        path = layout.live(host) / f"{gen:020d}.log"
+    start = f.json_frame(f.PROCESS, {"format": 1, "process": Process.this(host).to_json(), "time": time.time()})
+    path.write_bytes(start + b"".join(frames))
+    path.chmod(0o600)
+    return path
+
+
+def writer_frame(local, name, run="exp", project=None):
+    """A frame that opens writer ``name`` under ``local`` in a log shard (see log_shard)."""
+    import time
+
+    from walbuf.directory import frames as f
+
+    return f.json_frame(
+        f.WRITER,
+        {
+            "id": local,
+            "run": run,
+            "name": name,
+            "step_axis": "step",
+            "prefix": name,
+            "host": "node",
+            "pid": 1,
+            "target": [None, project, None],
+            "time": time.time(),
+        },
+    )

@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "walbuf"
 # What each layer may import from walbuf (besides itself, errors and record).
 LAYERS = {
     "walbuf.store": {"walbuf.store"},
-    "walbuf.directory": {"walbuf.store", "walbuf.directory"},
+    "walbuf.directory": {"walbuf.store", "walbuf.directory", "walbuf.expiry"},
     "walbuf.buffer": {"walbuf.store", "walbuf.directory"},
     "walbuf.settings": {"walbuf.store", "walbuf.buffer"},
     "walbuf.syncer": {"walbuf.store", "walbuf.directory", "walbuf.buffer", "walbuf.syncer"},

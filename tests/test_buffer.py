@@ -183,7 +183,8 @@ def test_a_dry_run_of_a_directory_buffer_with_its_hub_and_live_shards_changes_no
             before = snapshot(tmp_path)
             proc = run_sync(server, directory, "--dry-run", env={ENV_HOST: "s"}, quiet=False)
             assert proc.returncode == 0, proc.stderr
-            assert "and 2 records of shards not yet in the hub" in proc.stdout
+            # The sealed shard's, this host's live one's, and the other host's: any host reads a live shard.
+            assert "and 3 records of shards not yet in the hub" in proc.stdout
             assert snapshot(tmp_path) == before
 
 
@@ -195,12 +196,12 @@ def test_twenty_logged_calls_on_a_directory_buffer_share_one_shard(tmp_path):
         "for i in range(20): evaluate(i)\n"
         "from pathlib import Path\n"
         "top = Path(sys.argv[1])\n"
-        "print(len(list((top / 'live').rglob('*.db'))), len(list((top / 'sealed').glob('*.db'))))\n"
+        "print(len(list((top / 'live').rglob('*.log'))), len(list((top / 'sealed').glob('*.log'))))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code, directory], capture_output=True, text=True, check=True)
     assert proc.stdout.split() == ["1", "0"]  # while the process runs: one live shard, none sealed
-    assert len(list((tmp_path / "buf" / "sealed").glob("*.db"))) == 1  # sealed when it exited
-    assert list((tmp_path / "buf" / "live").rglob("*.db")) == []
+    assert len(list((tmp_path / "buf" / "sealed").glob("*.log"))) == 1  # sealed when it exited
+    assert list((tmp_path / "buf" / "live").rglob("*.log")) == []
     assert [r.metrics["i"] for r in walbuf.read(directory)] == list(range(20))
 
 

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.backends("sqlite", "postgresql")
 def test_full_disk_is_a_clear_error_and_loses_nothing_committed(buffer):
     with walbuf.Writer(buffer, writer="w") as w:
         w.log({"i": -1})
-        conn = w._open.appender._cursor.connection  # a tiny disk: SQLite may not grow the file past this
+        conn = w._open.segment.appender._cursor.connection  # a tiny disk: SQLite may not grow the file past this
         pages = conn.execute("PRAGMA page_count").fetchone()[0]
         conn.execute(f"PRAGMA max_page_count={pages + 20}")
         acknowledged = []

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sqlite3
 import stat
 import subprocess
@@ -24,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import rows_of, run_sync
+from conftest import legacy_shard, log_shard, rows_of, run_sync, writer_frame
 
 import walbuf
 
@@ -244,7 +243,7 @@ def test_a_link_planted_where_a_damaged_shards_note_goes_is_refused_and_its_targ
     _, project = shared_folders
     buffer = project / "exp"
     log(str(buffer) + "/")
-    (shard,) = (buffer / "sealed").iterdir()
+    shard = legacy_shard(buffer, HOST, "old", 3, sealed=True)  # an older walbuf's: set aside when damaged
     shard.write_bytes(b"not a database, damaged")  # the owner's own shard, damaged
     (buffer / "quarantine").mkdir()
     with opened_to_the_group(buffer, buffer / "quarantine", cotenant):
@@ -317,10 +316,9 @@ def test_a_shard_naming_another_target_is_set_aside_and_the_other_records_go_on(
     buffer = tmp_path / "exp"
     log(str(buffer) + "/", project="mine")
     assert run_sync(server, buffer).returncode == 0
-    elsewhere = tmp_path / "elsewhere"
-    log(str(elsewhere) + "/", writer="other", project="theirs")
-    (shard,) = (elsewhere / "sealed").iterdir()
-    with sqlite3.connect(shard) as conn:  # a shard whose run names its own target, as a co-tenant's would
+    # An older walbuf's shard whose run names its own target, as a co-tenant's would.
+    shard = legacy_shard(tmp_path / "elsewhere", "node2", "other", 3, sealed=True, metric="loss")
+    with sqlite3.connect(shard) as conn:
         conn.execute("UPDATE runs SET project = ?", (project,))
     conn.close()
     shard.rename(buffer / "sealed" / "node2.1.db")
@@ -378,8 +376,7 @@ def test_a_sqlite_buffer_holding_a_trigger_or_a_view_is_refused(tmp_path, access
 def test_a_shard_whose_records_are_a_recursive_view_is_set_aside_unread(server, tmp_path):
     buffer = tmp_path / "exp"
     log(str(buffer) + "/", writer="kept")
-    log(str(buffer) + "/", writer="spun")
-    spun = sorted((buffer / "sealed").iterdir())[-1]
+    spun = legacy_shard(buffer, HOST, "spun", 3, sealed=True)
     with sqlite3.connect(spun) as conn:
         conn.executescript(
             "DROP TABLE records; CREATE VIEW records AS WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1"
@@ -409,11 +406,10 @@ def test_a_shard_whose_records_are_a_recursive_view_is_set_aside_unread(server, 
     ],
     ids=["bad JSON", "deep nesting", "record of no writer", "step that is text"],
 )
-def test_malformed_content_in_a_shard_is_quarantined_never_a_traceback(server, tmp_path, tamper, what):
+def test_malformed_content_in_an_older_walbufs_shard_is_quarantined_never_a_traceback(server, tmp_path, tamper, what):
     buffer = tmp_path / "exp"
     log(str(buffer) + "/", writer="kept")
-    log(str(buffer) + "/", writer="tampered")
-    tampered = sorted((buffer / "sealed").iterdir())[-1]
+    tampered = legacy_shard(buffer, HOST, "tampered", 3, sealed=True, metric="loss")
     with sqlite3.connect(tampered) as conn:
         conn.execute(tamper)
     conn.close()
@@ -425,6 +421,99 @@ def test_malformed_content_in_a_shard_is_quarantined_never_a_traceback(server, t
     (fake_run,) = server.runs.values()
     assert [step for step, _ in rows_of(fake_run, "kept")] == [0, 1, 2]
     assert walbuf_command("status", buffer).returncode == 0
+
+
+# -- 4b. a log shard is untrusted input too ----------------------------------------------
+
+
+def _frames():
+    from walbuf.directory import frames
+
+    return frames
+
+
+@pytest.mark.parametrize(
+    "tampered, what",
+    [
+        (lambda f: [f.frame(f.WRITER, b"{not json")], "is not one walbuf writes"),
+        (lambda f: [f.record_frame(7, 0, 1.0, '{"loss": 1}')], "which the shard did not name before"),
+        (
+            lambda f: [
+                writer_frame(1, "tampered"),
+                f.json_frame(f.CONFIG, {"writer": 1, "kind": "config", "time": 1.0, "entries": {"lr": 3}}),
+            ],
+            "config entries that are not text",
+        ),
+        (lambda f: [writer_frame(1, "tampered", project="a/b")], "W&B refuses any of"),
+        (lambda f: [writer_frame(1, "tampered", project="theirs")], "not 'theirs'"),
+        (
+            lambda f: [writer_frame(1, "tampered"), f.frame(f.RECORD, b"short")],
+            "shorter than its fixed part",
+        ),
+    ],
+    ids=[
+        "writer not JSON",
+        "record of no writer",
+        "config not text",
+        "target W&B refuses",
+        "another target",
+        "record cut short",
+    ],
+)
+def test_a_log_shard_holding_what_walbuf_never_writes_is_reported_read_up_to_it_and_never_changed(
+    server, tmp_path, tampered, what
+):
+    buffer = tmp_path / "exp"
+    log(str(buffer) + "/", writer="kept", project="mine")
+    f = _frames()
+    before = [writer_frame(1, "early", project="mine"), f.record_frame(1, 0, 1.0, '{"loss": 1}')]
+    shard = log_shard(buffer, "node2", [*before, *tampered(f), f.record_frame(1, 1, 2.0, '{"loss": 2}')])
+    content = shard.read_bytes()
+    status = walbuf_command("status", buffer)
+    assert status.returncode == 0 and "Traceback" not in status.stderr, status.stderr
+    proc = run_sync(server, buffer, quiet=False)
+    assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr
+    assert what in proc.stderr and str(shard) in proc.stderr
+    (fake_run,) = server.runs.values()
+    assert [step for step, _ in rows_of(fake_run, "kept")] == [0, 1, 2]
+    assert [step for step, _ in rows_of(fake_run, "early")] == [0]  # what comes before it, and nothing after
+    assert shard.read_bytes() == content
+    assert walbuf_command("doctor", buffer).returncode == 1
+
+
+def test_a_record_whose_metrics_are_not_json_in_a_log_shard_is_quarantined_and_the_rest_go_on(server, tmp_path):
+    buffer = tmp_path / "exp"
+    f = _frames()
+    log_shard(
+        buffer,
+        "node2",
+        [
+            writer_frame(1, "w"),
+            f.record_frame(1, 0, 1.0, '{"loss": 1}'),
+            f.record_frame(1, 1, 2.0, '{"loss": '),
+            f.record_frame(1, 2, 3.0, '{"loss": 3}'),
+        ],
+    )
+    proc = run_sync(server, buffer, quiet=False)
+    assert proc.returncode == 3 and "quarantined" in proc.stderr + proc.stdout, proc.stderr
+    (fake_run,) = server.runs.values()
+    assert [step for step, _ in rows_of(fake_run, "w")] == [0, 2]
+
+
+def test_a_frame_declaring_a_body_over_the_bound_is_never_read(server, tmp_path):
+    buffer = tmp_path / "exp"
+    f = _frames()
+    head = bytearray(f.frame(f.RECORD, b"x")[: f.HEAD_SIZE])
+    head[4:8] = (f.MAX_BODY + 1).to_bytes(4, "little")
+    shard = log_shard(
+        buffer,
+        "node2",
+        [writer_frame(1, "w"), f.record_frame(1, 0, 1.0, "{}"), bytes(head) + b"x", f.record_frame(1, 1, 1.0, "{}")],
+    )
+    proc = run_sync(server, buffer, quiet=False)
+    assert proc.returncode == 3 and f"shard {shard} is damaged at byte" in proc.stderr, proc.stderr
+    (fake_run,) = server.runs.values()
+    assert [step for step, _ in rows_of(fake_run, "w")] == [0]
 
 
 # -- 5 and 6. locks another account cannot hold or redirect -------------------------------
@@ -480,22 +569,6 @@ def test_a_lock_file_of_another_account_fails_the_cron_naming_it(server, shared_
         holder.wait()
     assert proc.returncode == 77, proc.stdout
     assert "exit 77, needs a person" in proc.stdout and "belongs to walbuf-cotenant" in proc.stdout
-
-
-def test_a_rotate_lock_held_past_the_bound_fails_the_writer_naming_it(tmp_path):
-    buffer = tmp_path / "exp"
-    log(str(buffer) + "/")
-    lock = buffer / "live" / HOST / "rotate.lock"
-    holder = subprocess.Popen(
-        ["flock", str(lock), "-c", "echo held; read x"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert holder.stdout.readline() == "held\n"
-        with pytest.raises(walbuf.BufferBusyError, match=re.escape(f"{lock} stayed held for 60s")):
-            walbuf.Writer(str(buffer) + "/", writer="trainer", run="exp").log({"loss": 0.0})
-    finally:
-        holder.stdin.close()
-        holder.wait()
 
 
 # -- 8. other openings --------------------------------------------------------------------
@@ -626,11 +699,10 @@ def test_a_writer_on_another_accounts_buffer_gets_a_clear_refusal_and_writes_not
 # -- reading a shard is bounded: memory, time, signals ------------------------------------
 
 
-def test_a_value_over_the_bound_in_a_shard_is_never_read_and_the_shard_is_set_aside(server, tmp_path):
+def test_a_value_over_the_bound_in_an_older_walbufs_shard_is_never_read_and_the_shard_is_set_aside(server, tmp_path):
     buffer = tmp_path / "exp"
     log(str(buffer) + "/", writer="kept")
-    log(str(buffer) + "/", writer="huge")
-    huge = sorted((buffer / "sealed").iterdir())[-1]
+    huge = legacy_shard(buffer, HOST, "huge", 3, sealed=True)
     with sqlite3.connect(huge) as conn:  # 68 MB of text where a record's metrics go
         conn.execute("UPDATE records SET metrics = '{\"x\": \"' || hex(zeroblob(34000000)) || '\"}' WHERE step = 1")
     conn.close()
@@ -658,11 +730,8 @@ def test_a_sync_out_of_time_before_it_takes_in_a_shard_copies_nothing_and_the_ne
 
 
 def big_shard(buffer: Path, records: int) -> Path:
-    with walbuf.Writer(str(buffer) + "/", writer="trainer", run="exp") as w:
-        for i in range(records):
-            w.log({"i": i})
-    (shard,) = (buffer / "sealed").iterdir()
-    return shard
+    """An older walbuf's sealed SQLite shard of ``records`` records."""
+    return legacy_shard(buffer, HOST, "trainer", records, sealed=True)
 
 
 def test_a_shard_read_ends_once_the_callers_stop_says_so(tmp_path):

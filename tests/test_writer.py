@@ -182,14 +182,14 @@ def test_buffer_is_in_wal_mode(buffer):
 @pytest.mark.parametrize("durability, level", [("normal", 1), ("fsync", 2)])
 def test_durability_sets_sqlite_synchronous(buffer, durability, level):
     with walbuf.Writer(buffer, writer="w", durability=durability) as w:
-        assert w._open.appender._cursor.connection.execute("PRAGMA synchronous").fetchone()[0] == level
+        assert w._open.segment.appender._cursor.connection.execute("PRAGMA synchronous").fetchone()[0] == level
 
 
 @pytest.mark.backends("postgresql")
 @pytest.mark.parametrize("durability, level", [("normal", "off"), ("fsync", "on")])
 def test_durability_sets_postgresql_synchronous_commit(buffer, durability, level):
     with walbuf.Writer(buffer, writer="w", durability=durability) as w:
-        assert w._open.appender.connection.execute("SHOW synchronous_commit").fetchone()[0] == level
+        assert w._open.segment.appender.connection.execute("SHOW synchronous_commit").fetchone()[0] == level
 
 
 def test_unknown_durability_is_refused(buffer):

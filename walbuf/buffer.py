@@ -17,6 +17,7 @@ Two kinds:
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -26,28 +27,60 @@ from typing import Protocol, Union
 import sqlalchemy as sa
 
 from .directory import DirectoryBuffer
-from .directory.buffer import Backlog, SyncSource, check_directory
-from .directory.lease import Lease
-from .errors import BufferNotFoundError, ConfigError, NotABufferError
+from .directory.buffer import Backlog, Hold, SyncSource, check_directory
+from .errors import BufferNotFoundError, ConfigError, NotABufferError, StorageError
 from .record import Record
 from .store import Access, Durability, Storage
-from .store.backend import Backend, Lock
+from .store.backend import Backend, Lock, WriterLock
+from .store.claims import Claims, Conflict
 from .store.postgresql import PostgresBackend
+from .store.schema import runs, writers
 from .store.sqlite import SQLiteBackend
-from .store.storage import writer_lock_name
+from .store.storage import ConfigKind, writer_lock_name
+from .store.target import Target
+
+_log = logging.getLogger(__name__)
 
 
 class Segment(Protocol):
-    """Where the writers of one process append now: a Storage, until :attr:`expires` (a wall-clock time)."""
+    """Where one writer of this process appends, from its opening to its close: opened by Buffer.open_segment.
 
-    storage: Storage
-    expires: float
+    Every call that writes commits before it returns, or raises having
+    written nothing (see walbuf.writer.Writer).
+    """
 
-    def last_step_before(self, run: str, writer: str) -> int | None:
-        """The writer's last step in parts of the buffer this segment does not hold (None: none)."""
+    def writer_lock(self, run: str, writer: str) -> WriterLock:
+        """The lock that makes this process the owner of the writer id (not taken yet)."""
+
+    def holder(self, run: str, writer: str) -> str | None:
+        """Which process holds the writer open, for a message (" by process 12 on node3"), if the buffer knows."""
+
+    def register(
+        self, run: str, writer: str, step_axis: str, prefix: str, host: str, pid: int, target: Target | None
+    ) -> tuple[int, int | None]:
+        """Note the writer open; (its id for the calls below, its last step where this segment knows it)."""
+
+    def last_step_before(self, run: str, writer: str, owner: WriterLock) -> int | None:
+        """The writer's last step where :meth:`register` did not know it: what ``owner`` (held) says its previous
+        holder noted as it closed, or what the rest of the buffer holds (None: no record)."""
+
+    def claim(self, writer_pk: int, wanted: Claims) -> Conflict | None:
+        """Claim W&B keys for the writer's axis (see walbuf.store.claims); the conflict, claiming nothing, if any."""
+
+    def append(self, writer_pk: int, step: int, now: float, payload: str) -> None:
+        """Append one record (its metrics as JSON)."""
+
+    def add_config(self, writer_pk: int, encoded: dict[str, str], kind: ConfigKind) -> None:
+        """Store config or summary entries (key -> JSON text), all or none."""
+
+    def flush(self, writer_pk: int) -> None:
+        """Make every record appended so far durable against power loss."""
+
+    def close(self, writer_pk: int, exit_code: int) -> None:
+        """Note the writer closed with ``exit_code``, and let go; a failure to note it is logged (the lock has it)."""
 
     def release(self) -> None:
-        """Close the storage and let go of the segment."""
+        """Let go without noting a close (the writer never opened)."""
 
     def abandon(self) -> None:
         """In a forked child: let go without touching what the parent still uses."""
@@ -141,20 +174,71 @@ class DatabaseBuffer:
 
 
 class DatabaseSegment:
-    """A writer's segment of a database buffer: the whole database, for as long as the writer lives."""
-
-    expires = float("inf")
+    """A writer's segment of a database buffer: the whole database, through a connection of its own."""
 
     def __init__(self, storage: Storage) -> None:
         self.storage = storage
+        try:
+            self.appender = storage.appender()
+        except BaseException:
+            storage.close()
+            raise
 
-    def last_step_before(self, run: str, writer: str) -> int | None:
-        return None  # the database holds every record of the writer
+    def writer_lock(self, run: str, writer: str) -> WriterLock:
+        return self.storage.backend.writer_lock(writer_lock_name(run, writer), self.appender)
+
+    def holder(self, run: str, writer: str) -> str | None:
+        with self.storage.begin_read() as conn:
+            row = conn.execute(
+                sa.select(writers.c.host, writers.c.pid)
+                .join(runs, runs.c.id == writers.c.run_id)
+                .where(runs.c.name == run, writers.c.name == writer)
+                .order_by(writers.c.opened_at.desc())
+            ).first()
+        return f" by process {row.pid} on {row.host}" if row else None
+
+    def register(
+        self, run: str, writer: str, step_axis: str, prefix: str, host: str, pid: int, target: Target | None
+    ) -> tuple[int, int | None]:
+        return self.storage.register_writer(run, writer, step_axis, prefix, host, pid, target)
+
+    def last_step_before(self, run: str, writer: str, owner: WriterLock) -> int | None:
+        return None  # the database holds every record of the writer: register() knew its last step
+
+    def claim(self, writer_pk: int, wanted: Claims) -> Conflict | None:
+        return self.storage.claim_keys(writer_pk, wanted)
+
+    def append(self, writer_pk: int, step: int, now: float, payload: str) -> None:
+        self.appender.append((writer_pk, step, now, payload))
+
+    def add_config(self, writer_pk: int, encoded: dict[str, str], kind: ConfigKind) -> None:
+        self.storage.add_config(writer_pk, encoded, kind)
+
+    def flush(self, writer_pk: int) -> None:
+        self.appender.flush(writer_pk)
+
+    def close(self, writer_pk: int, exit_code: int) -> None:
+        try:
+            self.appender.close()
+            try:
+                self.storage.mark_closed(writer_pk, exit_code)
+            except StorageError as exc:
+                # Every record is committed already, and the note beside the
+                # writer's lock tells the syncer it closed.
+                _log.warning("could not note in the buffer that a writer closed: %s", exc)
+        finally:
+            self.storage.close()
 
     def release(self) -> None:
-        self.storage.close()
+        try:
+            self.appender.close()
+        finally:
+            self.storage.close()
 
     def abandon(self) -> None:
+        # The inherited objects stay referenced and are never closed (closing
+        # could drop the parent's POSIX locks or disturb its session).
+        self.appender.abandon()
         self.storage.abandon()
 
 
@@ -233,8 +317,8 @@ class Buffer(Protocol):
         message for each kept (a database: none). Changes the buffer."""
         ...
 
-    def hold_shard(self) -> Lease | None:
-        """Keep using this host's live shard until the lease is released (a database: nothing to hold, None)."""
+    def hold_shard(self) -> Hold | None:
+        """Keep this process's live shard until the hold is let go (a database: nothing to hold, None)."""
         ...
 
 

@@ -539,7 +539,7 @@ def status(buffer: str, as_json: bool) -> None:
     for shard in report.shards:
         created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(shard.created_at))
         if shard.refused is not None:
-            waiting = f"the next sync sets it aside: {shard.refused}"
+            waiting = f"not taken in whole (see walbuf doctor): {shard.refused}"
         elif shard.not_in_hub is None:
             waiting = "not readable from this host"
         else:

@@ -6,14 +6,12 @@ import atexit
 import functools
 import os
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from . import expiry
 from .buffer import Buffer, Location
-from .directory.lease import Lease
+from .directory.buffer import Hold
 from .settings import WriterSettings
 from .writer import Writer
 
@@ -45,8 +43,8 @@ def logged(buffer: Location | None = None, **options: Unpack[WriterOptions]) -> 
     invalid, nothing is logged and the error propagates.
 
     On a directory buffer, a process that logs through the decorator keeps
-    using its host's live shard between calls (until the rotation age, or
-    until it exits), so that many short calls share one shard.
+    its live shard between calls (until it exits), so that many short calls
+    append to one file rather than make one each.
     """
     options.setdefault("wait", DEFAULT_WAIT)
 
@@ -66,8 +64,8 @@ def logged(buffer: Location | None = None, **options: Unpack[WriterOptions]) -> 
     return decorate
 
 
-# The shard this process keeps using, per directory buffer: (pid, lease).
-_kept: dict[str, tuple[int, Lease]] = {}  # by buffer location
+# The shard this process keeps, per directory buffer: (pid, hold).
+_kept: dict[str, tuple[int, Hold]] = {}  # by buffer location
 _kept_lock = threading.Lock()
 
 
@@ -80,37 +78,24 @@ os.register_at_fork(after_in_child=_new_kept_lock)
 
 
 def _keep_shard(buffer: Buffer) -> None:
-    """On a directory buffer: hold this host's live shard between calls (see logged)."""
+    """On a directory buffer: keep this process's live shard between calls, until it exits (see logged)."""
     with _kept_lock:
         held = _kept.get(buffer.location)
         if held is not None:
-            pid, lease = held
-            if pid != os.getpid():
-                lease.abandon()  # the parent's: forked with it, not ours to release
-            elif time.time() < lease.expires:
+            pid, hold = held
+            if pid == os.getpid():
                 return
-            else:
-                lease.release()  # expired: sealed if no writer uses it
+            hold.abandon()  # the parent's: forked with it, not ours to release
             del _kept[buffer.location]
         new = buffer.hold_shard()
-        if new is None:
-            return  # a database buffer: no shard to hold
-        _kept[buffer.location] = (os.getpid(), new)
-    # An idle process lets go of it once it expires (see walbuf.expiry).
-    expiry.call_at(new.expires, functools.partial(_let_go_if_expired, buffer.location, new))
-
-
-def _let_go_if_expired(location: str, lease: Lease) -> None:
-    with _kept_lock:
-        if _kept.get(location) == (os.getpid(), lease):
-            del _kept[location]
-            lease.release()
+        if new is not None:  # None: a database buffer, no shard to hold
+            _kept[buffer.location] = (os.getpid(), new)
 
 
 @atexit.register
 def _release_kept() -> None:
     with _kept_lock:
-        for pid, lease in _kept.values():
+        for pid, hold in _kept.values():
             if pid == os.getpid():
-                lease.release()
+                hold.release()
         _kept.clear()

@@ -1,12 +1,10 @@
-"""The expiry thread: lets go of a directory buffer's shard once its time is up, even if nobody logs.
+"""The expiry thread: runs what must happen at a time even if nobody logs.
 
-A writer moves to a new shard at its first log() after the rotation age; a
-writer that goes quiet (an evaluation process between evaluations, a pool
-worker between tasks) would hold its shard, and so its records, until it
-logs again. So each process has one daemon thread that runs the actions
-scheduled with :func:`call_at` when their time comes: a writer closes its
-shard connection and releases its lease there (see walbuf.writer), and the
-shard is sealed if no other process uses it.
+Each process has one daemon thread that runs the actions scheduled with
+:func:`call_at` when their time comes: a directory buffer's shard notes
+that its process still runs while its writers are idle (see
+walbuf.directory.appender), and a PostgreSQL writer renews the lease on its
+id (see walbuf.writer).
 
 Fork safety. The thread does I/O (SQLite, file locks) at moments the
 program does not choose, and a child forked while it is inside SQLite

@@ -25,8 +25,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import sqlalchemy as sa
-
 from . import expiry
 from .buffer import Location, Segment
 from .errors import (
@@ -42,10 +40,9 @@ from .errors import (
 )
 from .record import check_line, encode_config, encode_metrics, flatten
 from .settings import WriterSettings
-from .store.backend import Appender, WriterLock
+from .store.backend import WriterLock
 from .store.claims import wandb_key
-from .store.schema import writers
-from .store.storage import ConfigKind, Storage, writer_lock_name
+from .store.storage import ConfigKind
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -62,8 +59,7 @@ class _Open:
     """What a Writer holds open, in the process that opened it."""
 
     pid: int
-    segment: Segment | None  # None: let go while idle (see walbuf.expiry); the next log() opens one
-    appender: Appender | None
+    segment: Segment
     owner: WriterLock
     writer: str
     step_axis: str
@@ -71,8 +67,8 @@ class _Open:
     writer_pk: int
     last_step: int | None
     # Keys this process has claimed for its axis, and whether the axis itself
-    # (see walbuf.store.claims), in the current segment's database: claims are
-    # never withdrawn, so each is made once per process and segment.
+    # (see walbuf.store.claims): claims are never withdrawn, so each is made
+    # once per process.
     claimed: set[str] = field(default_factory=set)
     axis_claimed: bool = False
 
@@ -84,60 +80,28 @@ class _Open:
         wanted: dict[str, str | None] = {wandb_key(self.prefix, key): axis for key in new}
         if not self.axis_claimed:
             wanted[axis] = None
-        conflict = self.storage.claim_keys(self.writer_pk, wanted)
+        conflict = self.segment.claim(self.writer_pk, wanted)
         if conflict is not None:
             raise KeyConflictError(conflict.explain(self.writer, axis), NOTHING_WRITTEN)
         self.claimed.update(new)
         self.axis_claimed = True
 
-    @property
-    def storage(self) -> Storage:
-        assert self.segment is not None, "a segment is opened before use (Writer._segment)"
-        return self.segment.storage
-
     def close(self, exit_code: int) -> None:
         try:
             try:
                 # First beside the lock: that note needs no new space on the
-                # disk, so a full disk that refuses the database's note still
+                # disk, so a full disk that refuses the buffer's note still
                 # leaves the syncer a writer that closed, not one that died.
-                self.owner.note_closed(exit_code)
+                self.owner.note_closed(exit_code, self.last_step)
             except OSError as exc:
                 _log.warning("could not note beside its lock that writer %r closed: %s", self.writer, exc)
-            if self.segment is not None:
-                self.let_go(note_closed=exit_code)
+            self.segment.close(self.writer_pk, exit_code)
         finally:
             self.owner.release()
 
-    def let_go(self, *, flush: bool = False, note_closed: int | None = None) -> None:
-        """Close the segment; a shard is sealed if this was its last user.
-
-        ``flush``: first make its records as durable as flush() would (no
-        later flush() reaches them). ``note_closed``: note in it that the
-        writer closed, with this exit code.
-        """
-        segment, appender = self.segment, self.appender
-        assert segment is not None and appender is not None
-        self.segment = self.appender = None
-        try:
-            if flush:
-                appender.flush(self.writer_pk)
-            appender.close()
-            if note_closed is not None:
-                try:
-                    segment.storage.mark_closed(self.writer_pk, note_closed)
-                except StorageError as exc:
-                    # Every record is committed already, and the note beside the
-                    # writer's lock (close()) tells the syncer it closed.
-                    _log.warning("could not note in the buffer that writer %r closed: %s", self.writer, exc)
-        finally:
-            segment.release()
-
     def abandon(self) -> None:
         """In a forked child: the handles are the parent's; let go without closing them."""
-        if self.appender is not None and self.segment is not None:
-            self.appender.abandon()
-            self.segment.abandon()
+        self.segment.abandon()
 
 
 class Writer:
@@ -156,10 +120,9 @@ class Writer:
     - Processes: picklable (its settings travel, never its connection) and
       fork-safe (a child never uses the parent's connection; it opens its own
       on first use). Safe to share between threads of one process.
-    - Idle writers: on a directory buffer, once the writer's shard reaches
-      the rotation age with nothing logged since, walbuf's expiry thread
-      closes its connection and releases the shard, so a sync can seal and
-      send it; the next log() opens a new one (see walbuf.expiry).
+    - Directory buffers: a sync on any host reads what the writer logged
+      as soon as it is committed, whether the writer logs on or sits idle
+      (see walbuf.directory.appender).
 
     Settings: see :meth:`walbuf.settings.WriterSettings.resolve`.
     """
@@ -209,77 +172,22 @@ class Writer:
         prefix = settings.key_prefix(writer)
         segment = settings.buffer.open_segment(settings.durability)
         try:
-            appender = segment.storage.appender()
+            owner = self._own(segment, writer)
             try:
-                owner = self._own(segment.storage, appender, writer)
-                try:
-                    writer_pk, last_step = self._register(segment.storage, writer, step_axis, prefix)
-                except BaseException:
-                    owner.release()
-                    raise
+                writer_pk, last_step = segment.register(
+                    settings.run, writer, step_axis, prefix, socket.gethostname(), os.getpid(), settings.target
+                )
+                if last_step is None:
+                    last_step = segment.last_step_before(settings.run, writer, owner)
             except BaseException:
-                appender.close()
+                owner.release()
                 raise
-            if last_step is None:
-                last_step = segment.last_step_before(settings.run, writer)
         except BaseException:
             segment.release()
             raise
-        self._let_go_when_expired(segment)
-        state = _Open(os.getpid(), segment, appender, owner, writer, step_axis, prefix, writer_pk, last_step)
+        state = _Open(os.getpid(), segment, owner, writer, step_axis, prefix, writer_pk, last_step)
         self._renew_later(state)
         return state
-
-    def _register(self, storage: Storage, writer: str, step_axis: str, prefix: str) -> tuple[int, int | None]:
-        return storage.register_writer(
-            self.settings.run, writer, step_axis, prefix, socket.gethostname(), os.getpid(), self.settings.target
-        )
-
-    def _segment(self, state: _Open, now: float) -> Storage:
-        """The storage of the current segment at time ``now``: a new one if it expired or was let go while idle."""
-        if state.segment is None or now >= state.segment.expires:
-            self._rotate(state)
-        return state.storage
-
-    def _rotate(self, state: _Open) -> None:
-        """Move to a new segment, so that the expired one (if any is still open) can be sealed."""
-        segment = self.settings.buffer.open_segment(self.settings.durability)
-        try:
-            appender = segment.storage.appender()
-            try:
-                writer_pk, _ = self._register(segment.storage, state.writer, state.step_axis, state.prefix)
-            except BaseException:
-                appender.close()
-                raise
-        except BaseException:
-            segment.release()
-            raise
-        if state.segment is not None:
-            state.let_go()
-        state.segment, state.appender, state.writer_pk = segment, appender, writer_pk
-        state.claimed, state.axis_claimed = set(), False  # the new segment's database holds none of them yet
-        self._let_go_when_expired(segment)
-
-    def _let_go_when_expired(self, segment: Segment) -> None:
-        """Have the expiry thread let go of ``segment`` once it expires, if no log() moved on from it by then."""
-        if segment.expires != float("inf"):
-            expiry.call_at(segment.expires, functools.partial(self._let_go_if_idle, segment))
-
-    def _let_go_if_idle(self, segment: Segment) -> None:
-        """In the expiry thread: close ``segment`` if it is still the current one (nothing was logged since it
-        expired)."""
-        with self._lock:
-            state = self._open
-            if self._closed or state is None or state.pid != os.getpid() or state.segment is not segment:
-                return
-            try:
-                state.let_go(flush=True)  # idle: no flush() may come
-            except StorageError as exc:
-                # Its records are committed; the shard stays live until a sync
-                # finds it unused, and the next log() opens a new one.
-                _log.warning("writer %r could not let go of its shard cleanly: %s", state.writer, exc)
-                return
-            _log.info("writer %r logged nothing for the rotation age: it let go of its shard", state.writer)
 
     def _renew_later(self, state: _Open) -> None:
         """Have the expiry thread renew the writer's ownership of its id when due, as long as it stays open."""
@@ -304,21 +212,15 @@ class Writer:
             _log.warning("writer %r could not renew its ownership of its id: %s", state.writer, exc)
         self._renew_later(state)
 
-    def _own(self, storage: Storage, appender: Appender, writer: str) -> WriterLock:
+    def _own(self, segment: Segment, writer: str) -> WriterLock:
         run, wait = self.settings.run, self.settings.wait
-        owner = storage.backend.writer_lock(writer_lock_name(run, writer), appender)
+        owner = segment.writer_lock(run, writer)
         acquired = owner.acquire(timeout=0)
         if not acquired and wait > 0:
             _log.info("writer %r of run %r is open elsewhere; waiting up to %gs for it to close", writer, run, wait)
             acquired = owner.acquire(timeout=wait)
         if not acquired:
-            with storage.begin_read() as conn:
-                holder = conn.execute(
-                    sa.select(writers.c.host, writers.c.pid)
-                    .where(writers.c.name == writer)
-                    .order_by(writers.c.opened_at.desc())
-                ).first()
-            where = f" by process {holder.pid} on {holder.host}" if holder else ""
+            where = segment.holder(run, writer) or ""
             waited = f" and was not closed within {self.settings.wait:g}s" if self.settings.wait else ""
             raise WriterConflictError(
                 f"writer {writer!r} of run {run!r} is already open{where}{waited};"
@@ -391,12 +293,9 @@ class Writer:
                 step = 0 if last is None else last + 1
             else:
                 step = _checked_step(step, last, state.writer)
-            now = time.time()
-            self._segment(state, now)
-            assert state.appender is not None
             if not state.axis_claimed or not state.claimed.issuperset(keys):
                 state.claim(keys)
-            state.appender.append((state.writer_pk, step, now, payload))
+            state.segment.append(state.writer_pk, step, time.time(), payload)
             state.last_step = step
             return step
 
@@ -426,7 +325,7 @@ class Writer:
         encoded = encode_config(values, kind)
         with self._lock:
             self._check_open(state)
-            self._segment(state, time.time()).add_config(state.writer_pk, encoded, kind)
+            state.segment.add_config(state.writer_pk, encoded, kind)
 
     def _check_open(self, state: _Open) -> None:
         if self._closed:
@@ -440,14 +339,14 @@ class Writer:
 
         log() has already committed each record (safe against the process
         dying); in the default durability SQLite defers the fsync of its WAL
-        to checkpoints, and PostgreSQL commits without waiting for its WAL
-        flush (synchronous_commit=off); flush() waits for that now.
+        to checkpoints, PostgreSQL commits without waiting for its WAL flush
+        (synchronous_commit=off), and a directory buffer's shard is written
+        without fsync; flush() waits for that now.
         """
         state = self._opened_here()
         with self._lock:
-            # A segment let go while idle was flushed then (see _Open.let_go).
-            if not self._closed and state.appender is not None:
-                state.appender.flush(state.writer_pk)
+            if not self._closed:
+                state.segment.flush(state.writer_pk)
 
     def close(self, *, failed: bool = False) -> None:
         """Release the writer id and close the connection. Idempotent; atexit calls it.
@@ -467,13 +366,6 @@ class Writer:
             if state is None or state.pid != os.getpid():
                 return  # another process's handles (fork), or never opened here (unpickled)
             atexit.unregister(self.close)
-            if state.segment is None:
-                # Let go while idle: the note that the writer closed goes into a
-                # new segment, or the syncer would take the writer for dead.
-                try:
-                    self._rotate(state)
-                except StorageError as exc:
-                    _log.warning("could not note that writer %r closed: %s", state.writer, exc)
             state.close(1 if failed else 0)
 
     @property

@@ -1,16 +1,18 @@
-"""A directory buffer: one SQLite shard per host on shared storage, brought together in a hub.
+"""A directory buffer: shards on shared storage, one per writing process, brought together in a hub.
 
-SQLite's WAL mode works only for processes on one host (its index is shared
-memory), and shared storage (NFS, Lustre, GPFS) spans hosts. A directory
-buffer gives each host its own shards (:mod:`.lease`), and no process opens
-another host's live shard while any process uses it. `walbuf sync` seals
-the live shards nobody uses (of any host: a host may have died) and copies
-every shard it may read into the hub (:mod:`.ingest`), then uploads the hub
-as it would a one-file buffer.
+Each process appends the frames of its writers to a shard of its own
+(:mod:`.appender`), which nothing else writes and any host reads while it
+grows; no lock is needed for that, on any filesystem. `walbuf sync` copies
+what the hub lacks of every shard into the hub (:mod:`.ingest`), then
+uploads the hub as it would a one-file buffer. Shards of an older walbuf
+(SQLite files shared by the processes of one host) are still read, and
+sealed on their own host (:mod:`.sealing`).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import stat
 import time
@@ -18,16 +20,27 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import sqlalchemy as sa
+
 from ..errors import BufferCorruptError, BufferNotFoundError, NotABufferError, StorageError
 from ..record import Record
 from ..store import Access, Durability, Storage
-from ..store.backend import Lock
+from ..store.backend import Lock, WriterLock
+from ..store.claims import Claims, Conflict
+from ..store.schema import log_cursors, log_writers, runs, writers
 from ..store.sqlite import SQLiteBackend
-from ..store.storage import stored_metrics, writer_lock_name
+from ..store.storage import ConfigKind, stored_metrics, writer_lock_name
+from ..store.target import Target
+from .appender import ProcessShard, WriterEntry, process_shard
+from .host import Process, judged_running
 from .ingest import hub_cursors, in_hub, ingest, pending_in
 from .layout import MARKER, Layout, Shard, host_name
-from .lease import Lease, seal_unused
+from .log_ingest import cursor_of, named_writers
+from .log_shard import Heard, Logged, LogShard, Opened, Started
+from .sealing import seal_unused
 from .shard import ShardGone, ShardReader, last_step
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -35,11 +48,12 @@ class Backlog:
     """A shard whose records the hub does not hold yet."""
 
     shard: Shard
-    # Records the next sync on this host copies into the hub; None: another
-    # host's live shard, which this host may not read, or one it refuses.
+    # Records the next sync on this host copies into the hub; None: an older
+    # walbuf's live shard of another host, which this host may not read, or
+    # one it refuses.
     not_in_hub: int | None
-    # Why the next sync sets the shard aside instead (damaged, or holding what
-    # walbuf never writes); None if it does not.
+    # Why the next sync sets the shard aside or (a log shard) reads it only up
+    # to a point (damaged, or holding what walbuf never writes); None if not.
     refused: str | None = None
 
 
@@ -72,9 +86,7 @@ class DirectoryBuffer:
         return Layout(self.root)
 
     def _hub(self, layout: Layout | None = None) -> SQLiteBackend:
-        layout = layout or self.layout
-        # Several hosts open the hub in turn: a rollback journal, not WAL.
-        return SQLiteBackend(layout.hub, locks=layout.locks, journal="delete", owner=layout.owner)
+        return hub_backend(layout or self.layout)
 
     def open_store(self, access: Access) -> Storage | None:
         """The hub; None if no sync has made it yet (only "create" makes it)."""
@@ -93,9 +105,28 @@ class DirectoryBuffer:
         return self._hub().lock_held("sync")
 
     def writer_alive(self, run: str, writer: str) -> bool:
-        """Whether a process on any host holds ``writer`` of ``run`` open now (the lock is in locks/). Changes
-        nothing."""
-        return self._hub().writer_held(writer_lock_name(run, writer))
+        """Whether a process holds ``writer`` of ``run`` open now. Changes nothing.
+
+        Open where its lock in locks/ is held as this host sees it (locks
+        may not span hosts), or where a log shard the hub has taken in names
+        it open and that shard's process runs: for sure on this machine,
+        elsewhere judged by when it was last heard of (walbuf.directory.host).
+        """
+        if self._hub().writer_held(writer_lock_name(run, writer)):
+            return True
+        hub = self.open_store("read")
+        if hub is None:
+            return False
+        with hub, hub.begin_read() as conn:
+            rows = conn.execute(
+                sa.select(log_cursors.c.process, log_cursors.c.seen)
+                .join(log_writers, log_writers.c.shard == log_cursors.c.shard)
+                .join(writers, writers.c.id == log_writers.c.writer_id)
+                .join(runs, runs.c.id == writers.c.run_id)
+                .where(runs.c.name == run, writers.c.name == writer, log_writers.c.open, sa.not_(log_cursors.c.ended))
+            ).all()
+        now = time.time()
+        return any(judged_running(Process.from_json(json.loads(process)), seen, now) for process, seen in rows)
 
     def writer_close_note(self, run: str, writer: str) -> int | None:
         """The exit code ``writer`` of ``run`` noted beside its lock (in locks/) as it last closed; None if it did not.
@@ -142,6 +173,9 @@ class DirectoryBuffer:
             if quarantined:
                 return
             for shard in layout.readable_shards(host_name()):
+                if shard.format == "log":
+                    yield from _log_records(layout, hub, shard, run, writer)
+                    continue
                 cursors = _cursors(hub, shard)
                 with _reader(layout, shard) as reader:
                     found = reader.writers()
@@ -165,15 +199,19 @@ class DirectoryBuffer:
             for shard in self.layout.shards():
                 if shard.state == "ingested":
                     continue
-                if shard.state == "live" and shard.host != host:
+                if shard.format == "sqlite" and shard.state == "live" and shard.host != host:
                     out.append(Backlog(shard, None))
                     continue
                 try:
-                    out.append(Backlog(shard, self.not_in_hub(shard, hub)))
+                    missing = self.not_in_hub(shard, hub)
                 except ShardGone:
                     continue  # sealed since the listing: the next look counts it
                 except (BufferCorruptError, NotABufferError) as exc:
                     out.append(Backlog(shard, None, str(exc)))
+                    continue
+                refused = cursor_of(hub, shard.id).refused if shard.format == "log" else None
+                if missing or refused or shard.state != "sealed" or shard.format == "sqlite":
+                    out.append(Backlog(shard, missing, refused))
             return out
         finally:
             if hub is not None:
@@ -188,48 +226,75 @@ class DirectoryBuffer:
         return [stranger.why for stranger in self.layout.strangers()]
 
     def all_in_store(self) -> bool:
-        """Whether the store a sync uploads from (the hub) holds every record there is: no shard waits outside it,
+        """Whether the store a sync uploads from (the hub) holds every record there is: no shard holds more than it,
         none was set aside, and nothing walbuf does not open lies there. Reads only."""
         layout = self.layout
         scan = layout.scan()
-        return not (any(s.state != "ingested" for s in scan.shards) or scan.strangers or layout.quarantined())
+        if scan.strangers or layout.quarantined():
+            return False
+        waiting = [s for s in scan.shards if s.state != "ingested"]
+        if not waiting:
+            return True
+        hub = self.open_store("read")
+        if hub is None:
+            return False
+        with hub:
+            try:
+                return all(s.format == "log" and not _log_pending(layout, hub, s) for s in waiting)
+            except (ShardGone, BufferCorruptError):
+                return False  # moved meanwhile, or refused: not all there
 
     def not_in_hub(self, shard: Shard, hub: Storage | None) -> int:
-        """How many of a shard's records ``hub`` (this buffer's, open; None: not made yet) lacks."""
+        """How many of a shard's records ``hub`` (this buffer's, open; None: not made yet) lacks.
+
+        Raises BadFrame (a BufferCorruptError) for a log shard that holds a
+        frame walbuf would not write before its end, ShardGone for one that
+        moved since it was listed.
+        """
+        if shard.format == "log":
+            return sum(1 for r in _log_records(self.layout, hub, shard, None, None))
         with ShardReader.of(self.layout, shard) as reader:
             return pending_in(reader, _cursors(hub, shard))
 
     def remove_ingested(self, older_than: float, hub: Storage | None) -> tuple[int, list[str]]:
         """Delete the ingested shards sealed more than ``older_than`` seconds ago whose records ``hub`` holds.
 
-        Checked again here, before anything is deleted: a shard the hub's
-        cursors do not cover goes back to sealed/ (the next sync takes it
-        in), and one that cannot be read is kept. Returns how many were
-        deleted, and a message for each one that was not.
+        Also the sealed log shards of processes that died (no END frame) that
+        the hub holds whole. Checked again here, before anything is deleted:
+        a shard the hub lacks records of goes back to sealed/ (the next sync
+        takes it in), and one that cannot be read is kept. Returns how many
+        were deleted, and a message for each one that was not.
         """
         layout = self.layout
         layout.own()
         cutoff = time.time() - older_than
         removed, kept = 0, []
-        for shard in layout.shards("ingested"):
-            # A sealed shard is last written when sealed: its records are older.
+        ended = [s for s in layout.shards("sealed") if s.format == "log"]
+        for shard in [*layout.shards("ingested"), *ended]:
+            # A shard is last written when sealed: its records are older.
             if os.lstat(shard.path).st_mtime >= cutoff:
                 continue
             try:
-                covered = hub is not None and in_hub(layout, hub, shard)
+                covered = hub is not None and self._whole_in_hub(shard, hub)
             except StorageError as exc:
-                kept.append(f"ingested shard {shard.id} was kept: {exc}")
+                kept.append(f"{shard.state} shard {shard.id} was kept: {exc}")
                 continue
             if covered:
                 shard.path.unlink()
                 removed += 1
-            else:
-                os.replace(shard.path, layout.sealed / shard.path.name)
+            elif shard.state == "ingested":
+                os.replace(shard.path, shard.filed(layout.sealed))
                 kept.append(
                     f"ingested shard {shard.id} holds records the hub lacks: it went back to sealed/,"
                     " and the next sync takes them in"
                 )
         return removed, kept
+
+    def _whole_in_hub(self, shard: Shard, hub: Storage) -> bool:
+        if shard.format == "sqlite":
+            return in_hub(self.layout, hub, shard)
+        cursor = cursor_of(hub, shard.id)
+        return cursor.ended or not _log_pending(self.layout, hub, shard)
 
     def size(self) -> int:
         """Bytes of every file in the buffer (links are not followed)."""
@@ -243,9 +308,15 @@ class DirectoryBuffer:
     def open_segment(self, durability: Durability) -> ShardSegment:
         return ShardSegment(self.layout, host_name(), durability)
 
-    def hold_shard(self) -> Lease:
-        """Use this host's current live shard (so that it is not sealed) until the lease is released."""
-        return Lease(self.layout, host_name())
+    def hold_shard(self) -> Hold:
+        """Keep this process's live shard (so that many short writers share it) until the hold is let go."""
+        return Hold(process_shard(self.layout, host_name()))
+
+
+def hub_backend(layout: Layout) -> SQLiteBackend:
+    """The hub's database, and the buffer's locks beside it (in locks/)."""
+    # Opened by one host at a time, never shared live between hosts: a rollback journal, not WAL.
+    return SQLiteBackend(layout.hub, locks=layout.locks, journal="delete", owner=layout.owner)
 
 
 def _reader(layout: Layout, shard: Shard) -> ShardReader:
@@ -264,35 +335,165 @@ def _cursors(hub: Storage | None, shard: Shard) -> dict[tuple[str, str], int]:
 
 
 class ShardSegment:
-    """Where a writer of this process appends: its host's live shard, under a lease."""
+    """Where a writer of this process appends: the process's live shard (see walbuf.directory.appender)."""
 
     def __init__(self, layout: Layout, host: str, durability: Durability) -> None:
-        self._layout = layout
-        self._lease = Lease(layout, host)
-        try:
-            self.storage = Storage(
-                SQLiteBackend(self._lease.path, locks=layout.locks, owner=layout.owner),
-                access="create",
-                durability=durability,
-            )
-        except BaseException:
-            self._lease.release()
-            raise
-        self.expires = self._lease.expires
+        self._layout, self._host = layout, host
+        self._durable = durability == "fsync"
+        self._shard = process_shard(layout, host)
+        self._shard.hold()
 
-    def last_step_before(self, run: str, writer: str) -> int | None:
-        """The writer's last step in this host's older shards or in the hub."""
-        return last_step(self._layout, self._lease.host, run, writer, before=self._lease.gen)
+    def writer_lock(self, run: str, writer: str) -> WriterLock:
+        # In locks/, for every host: where locks span hosts, a writer id is owned across them.
+        return hub_backend(self._layout).writer_lock(writer_lock_name(run, writer), None)
+
+    def holder(self, run: str, writer: str) -> str | None:
+        return None  # the lock says only that a process holds it
+
+    def register(
+        self, run: str, writer: str, step_axis: str, prefix: str, host: str, pid: int, target: Target | None
+    ) -> tuple[int, int | None]:
+        entry = WriterEntry(run, writer, step_axis, prefix, host, pid, target or Target())
+        return self._shard.register(entry, self._durable)
+
+    def last_step_before(self, run: str, writer: str, owner: WriterLock) -> int | None:
+        if owner.noted_step is not None or not owner.opened_before:
+            return owner.noted_step
+        return last_step_anywhere(self._layout, self._host, run, writer)
+
+    def claim(self, writer_pk: int, wanted: Claims) -> Conflict | None:
+        return self._shard.claim(writer_pk, wanted)
+
+    def append(self, writer_pk: int, step: int, now: float, payload: str) -> None:
+        self._shard.append_record(writer_pk, step, now, payload, self._durable)
+
+    def add_config(self, writer_pk: int, encoded: dict[str, str], kind: ConfigKind) -> None:
+        self._shard.add_config(writer_pk, encoded, kind, self._durable)
+
+    def flush(self, writer_pk: int) -> None:
+        self._shard.flush()
+
+    def close(self, writer_pk: int, exit_code: int) -> None:
+        try:
+            self._shard.close_writer(writer_pk, exit_code)
+        except StorageError as exc:
+            # Every record is written already, and the note beside the
+            # writer's lock tells the syncer it closed.
+            _log.warning("could not note in the shard that a writer closed: %s", exc)
+        finally:
+            self._shard.let_go()
 
     def release(self) -> None:
-        """Close the shard's storage and stop using it; it is sealed if nobody else uses it."""
-        self.storage.close()
-        self._lease.release()
+        self._shard.let_go()
 
     def abandon(self) -> None:
-        """In a forked child: leave the parent's connection and flock alone."""
-        self.storage.abandon()
-        self._lease.abandon()
+        pass  # the parent's shard: a forked child appends to one of its own
+
+
+class Hold:
+    """A hold on this process's live shard, kept until :meth:`release` (see walbuf.decorator)."""
+
+    def __init__(self, shard: ProcessShard) -> None:
+        self._shard: ProcessShard | None = shard
+        shard.hold()
+
+    def release(self) -> None:
+        if self._shard is not None:
+            shard, self._shard = self._shard, None
+            shard.let_go()
+
+    def abandon(self) -> None:
+        """In a forked child: the parent's hold."""
+        self._shard = None
+
+
+def last_step_anywhere(layout: Layout, host: str, run: str, writer: str) -> int | None:
+    """The last step ``writer`` of ``run`` logged in any shard this host may read or in the hub; None if none.
+
+    Read where the step its previous holder noted is not known (it died,
+    or an older walbuf closed it): every shard is read whole.
+    """
+    steps = []
+    for shard in layout.readable_shards(host):
+        if shard.format != "log":
+            continue
+        with LogShard(layout, shard) as log:
+            mine: set[int] = set()
+            for _, event in log.events(0, set()):
+                if isinstance(event, Opened) and (event.entry.run, event.entry.name) == (run, writer):
+                    mine.add(event.local)
+                elif isinstance(event, Logged) and event.local in mine:
+                    steps.append(event.step)
+    older = last_step(layout, host, run, writer, before=2**64)  # an older walbuf's shards of this host, and the hub
+    if older is not None:
+        steps.append(older)
+    return max(steps, default=None)
+
+
+@dataclass(frozen=True)
+class LogExam:
+    """What reading a log shard whole found (see :func:`examine_log`)."""
+
+    process: Process | None  # None: its first frame is not whole yet
+    waiting: int  # records past what the hub took in
+    last_heard: float  # the time of its last frame
+    ended: bool  # its END frame is there: its process appends nothing more
+    damaged_at: int | None  # a frame that cannot be read, with whole frames after it, starts here
+
+
+def examine_log(layout: Layout, shard: Shard, hub: Storage | None) -> LogExam:
+    """Read a log shard whole. Raises BadFrame where it holds a frame walbuf would not write, StorageError."""
+    offset = cursor_of(hub, shard.id).offset
+    process, waiting, heard, ended = None, 0, 0.0, False
+    with LogShard(layout, shard) as log:
+        for frame, event in log.events(0, set()):
+            heard = max(heard, event.time)
+            if isinstance(event, Started):
+                process = event.process
+            elif isinstance(event, Logged) and frame.offset >= offset:
+                waiting += 1
+            elif isinstance(event, Heard) and event.end:
+                ended = True
+        damaged = log.offset if log.stop == "damaged" else None
+    return LogExam(process, waiting, heard, ended, damaged)
+
+
+def _log_pending(layout: Layout, hub: Storage, shard: Shard) -> bool:
+    """Whether a log shard holds a whole frame past what ``hub`` took in of it (a frame cut off is none)."""
+    cursor = cursor_of(hub, shard.id)
+    if cursor.ended:
+        return False
+    with LogShard(layout, shard) as log:
+        if cursor.process is not None and log.size() == cursor.offset:
+            return False
+        known = set(named_writers(hub, shard.id))
+        return next(iter(log.events(cursor.offset, known)), None) is not None
+
+
+def _log_records(
+    layout: Layout, hub: Storage | None, shard: Shard, run: str | None, writer: str | None
+) -> Iterator[Record]:
+    """The records of a log shard the hub does not hold (of one run / writer if given), in the order logged."""
+    names = {local: (r, w) for local, (_, r, w) in named_writers(hub, shard.id).items()}
+    cursor = cursor_of(hub, shard.id)
+    if cursor.ended:
+        return
+    try:
+        log = LogShard(layout, shard)
+    except ShardGone:
+        sealed = layout.sealed_as(shard)
+        if sealed is None:
+            raise
+        log = LogShard(layout, sealed)
+    with log:
+        for _, event in log.events(cursor.offset, set(names)):
+            if isinstance(event, Opened):
+                names[event.local] = (event.entry.run, event.entry.name)
+            elif isinstance(event, Logged):
+                r, w = names[event.local]
+                if run in (None, r) and writer in (None, w):
+                    values = stored_metrics(event.metrics, w, event.step, None, str(shard.path))
+                    yield Record(r, w, event.step, event.time, values)
 
 
 def check_directory(root: Path, *, create: bool) -> None:

@@ -1,26 +1,32 @@
 """The ingest: copies the records of a directory buffer's shards into its hub.
 
 The hub (``BUFFER/hub.db``) is a walbuf buffer like any other, which
-`walbuf sync` then uploads with its cursors, targets and sync log. Processes
-of several hosts open it in turn, so it keeps a rollback journal (not WAL)
-and synchronous=FULL; only a syncer holding the buffer's sync lock writes it.
+`walbuf sync` then uploads with its cursors, targets and sync log. It keeps
+a rollback journal (not WAL) and synchronous=FULL; only a syncer holding
+the buffer's sync lock writes it.
 
-For each shard, run and writer, the hub stores the shard's id of the last
-record it copied (``shard_cursors``), in the same transaction as the copies:
-a syncer killed mid-ingest leaves the hub as it was before that transaction,
-and the next one copies from there. Nothing is copied twice.
-
-Which shards: every sealed one, from any host, and the syncer's own host's
-live ones (read in one snapshot, while their writers go on). A sealed shard
-whose records are all in the hub moves to ``ingested/``, where
+Which shards: every log shard, live or sealed, of any host (frames one
+process appends, readable while they grow: walbuf.directory.log_ingest),
+and an older walbuf's SQLite shards: every sealed one, and the syncer's own
+host's live ones (read in one snapshot, while their writers go on). A sealed
+shard whose records are all in the hub moves to ``ingested/``, where
 `walbuf prune` removes it.
 
-A shard is untrusted input (see walbuf.directory.shard): one that is damaged,
-holds what walbuf never writes, or names a W&B target the hub's run does not
-have (or W&B's rules refuse) is set aside in quarantine/ with the reason,
-before anything of it is copied, and the other shards go on. A live shard
-of this host is not moved (its writers use it): it is left out, with the
-reason, until it is sealed.
+What the hub holds of a shard is noted in the same transaction as what it
+copies: per log shard the offset reached (``log_cursors``), per SQLite shard,
+run and writer the shard's id of the last record copied (``shard_cursors``).
+A syncer killed (or failing on a write error) mid-copy leaves the hub as it
+was after its last whole transaction, and the next one copies from there.
+Nothing is copied twice.
+
+A shard is untrusted input. A log shard is read up to the first frame
+walbuf would not have written, or damage, and reported (it stays where it
+is, and nothing past that is read). An older walbuf's SQLite shard that is
+damaged, holds what walbuf never writes, or names a W&B target the hub's run
+does not have (or W&B's rules refuse) is set aside in quarantine/ with the
+reason, before anything of it is copied, while the other shards go on; a
+live one of this host is not moved (its writers use it): it is left out,
+with the reason, until it is sealed.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ from ..store import Storage, Target
 from ..store.schema import config_entries, records, runs, shard_cursors
 from ..store.target import merge_target
 from .layout import Layout, Shard
+from .log_ingest import ingest_log
+from .sealing import seal_ended
 from .shard import ReadStopped, ShardGone, ShardReader, ShardRecord, ShardWriter
 
 _log = logging.getLogger(__name__)
@@ -54,17 +62,22 @@ class IngestResult:
 def ingest(layout: Layout, hub: Storage, host: str, stop: Callable[[], bool] | None = None) -> IngestResult:
     """Copy what the hub lacks of every shard ``host`` may read. The caller holds the sync lock.
 
-    A sealed shard moves to ingested/ once the hub's cursors cover all of
-    it; one refused (see the module docstring) to quarantine/ instead.
-    Any other error reading a shard (an I/O error, no permission) raises
-    StorageError, and that shard stays where it was. ``stop`` is asked
-    while shards are read: once it says so, the ingest ends, keeping what
-    whole transactions copied.
+    First, live log shards whose process ended on this machine are sealed
+    (walbuf.directory.sealing). A sealed shard moves to ingested/ once the
+    hub holds all of it (a log shard: its END frame is taken in). What a
+    shard holds that walbuf would not write, or a log shard's damage, stops
+    its reading there, and it is reported; an older walbuf's SQLite shard is
+    set aside in quarantine/ instead (see the module docstring). Any other
+    error reading a shard (an I/O error, no permission) raises StorageError,
+    and that shard stays where it was. ``stop`` is asked while shards are
+    read: once it says so, the ingest ends, keeping what whole transactions
+    copied.
     """
     copied = read = 0
     set_aside: list[str] = []
     left_out: list[str] = []
     layout.own().folder(layout.ingested, make=True)
+    seal_ended(layout)
     shards = layout.readable_shards(host)
     while shards:
         shard = shards.pop(0)
@@ -72,6 +85,15 @@ def ingest(layout: Layout, hub: Storage, host: str, stop: Callable[[], bool] | N
             return IngestResult(copied, read, tuple(set_aside), tuple(left_out), stopped=True)
         _log.info("taking in shard %s", shard.id)
         try:
+            if shard.format == "log":
+                taken = ingest_log(layout, hub, shard, stop)
+                copied += taken.records
+                if taken.refused is not None:
+                    left_out.append(taken.refused)  # a log shard stays where it is, read up to there
+                elif shard.state == "sealed" and taken.cursor.ended:
+                    os.replace(shard.path, shard.filed(layout.ingested))
+                read += 1
+                continue
             copied += _ingest_shard(layout, hub, shard, stop)
         except ReadStopped:
             return IngestResult(copied, read, tuple(set_aside), tuple(left_out), stopped=True)
@@ -83,7 +105,9 @@ def ingest(layout: Layout, hub: Storage, host: str, stop: Callable[[], bool] | N
             shards.insert(0, sealed)  # now, before the newer shards its writers moved on to
             continue
         except (BufferCorruptError, NotABufferError, TargetConflictError) as exc:
-            if shard.state == "sealed":
+            if shard.format == "log":
+                left_out.append(str(exc))
+            elif shard.state == "sealed":
                 set_aside.append(layout.set_aside(shard, str(exc)))
             else:  # a live shard's writers use it: it is not ours to move
                 left_out.append(f"live shard {shard.id} was not taken in ({exc}); it is set aside once sealed")

@@ -2,16 +2,18 @@
 
     BUFFER/
       walbuf.buffer        the marker: this directory is a walbuf directory buffer
-      live/HOST/GEN.db     HOST's live shard (WAL): only processes on HOST open it
-      sealed/HOST.GEN.db   a sealed shard: rollback journal, never written again
+      live/HOST/GEN.log    the shard a process of HOST appends to (walbuf.directory.frames)
+      sealed/HOST.GEN.log  a shard its process is done with (or that died on the machine of a sync)
       ingested/...         sealed shards whose records the hub holds (prune removes them)
-      quarantine/...       shards a sync set aside (damaged, or refused), each with
+      quarantine/...       SQLite shards a sync set aside (damaged, or refused), each with
                            HOST.GEN.db.why saying why: a person looks (see walbuf doctor)
       hub.db               what `walbuf sync` uploads from (rollback journal)
-      locks/               writer ids and the syncer, for every host
+      locks/               writer ids and the syncer
 
 GEN is the shard's creation time in nanoseconds, HOST a name of letters,
-digits, ".", "_" and "-".
+digits, ".", "_" and "-". Shards named .db (live/HOST/GEN.db, sealed and
+ingested HOST.GEN.db) are SQLite files an older walbuf wrote; they are still
+read, and sealed on their own host.
 
 Everything in a buffer is walbuf's, and belongs to the buffer's owner (see
 walbuf.store.trust). A listing (:meth:`Layout.scan`) sorts what a folder
@@ -51,9 +53,10 @@ _UNMARKED_LAYOUT = ("hub.db", "live", "sealed", "ingested")
 HOST = r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}"
 _HOST = re.compile(HOST)
 _GEN = r"\d{1,20}"
-_LIVE = re.compile(rf"({_GEN})\.db")
+_LIVE = re.compile(rf"({_GEN})\.(db|log)")
 _LIVE_COMPANION = re.compile(rf"({_GEN})\.db(-wal|-shm|-journal|\.inuse)")
-_FILED = re.compile(rf"({HOST})\.({_GEN})\.db")  # in sealed/, ingested/, quarantine/
+_FILED = re.compile(rf"({HOST})\.({_GEN})\.(db|log)")  # in sealed/, ingested/
+_QUARANTINED = re.compile(rf"({HOST})\.({_GEN})\.db")
 _QUARANTINE_COMPANION = re.compile(rf"({HOST})\.({_GEN})\.db(-wal|-shm|\.why)")
 _LOCK = re.compile(r"(?:sync|migrate|writer-[0-9a-f]{24})\.lock")
 _ROOT = frozenset(
@@ -63,6 +66,7 @@ _ROOT = frozenset(
 _NFS_SILLY = re.compile(r"\.nfs[0-9A-Fa-f]+")
 
 ShardState = Literal["live", "sealed", "ingested"]
+ShardFormat = Literal["log", "sqlite"]
 
 
 def host_name() -> str:
@@ -103,6 +107,15 @@ class Shard:
     def id(self) -> str:
         """Stable across sealing: the hub's ingest cursors are keyed by it."""
         return f"{self.host}.{self.gen}"
+
+    @property
+    def format(self) -> ShardFormat:
+        """ "log": frames appended by one process (walbuf.directory.frames); "sqlite": an older walbuf's database."""
+        return "log" if self.path.suffix == ".log" else "sqlite"
+
+    def filed(self, folder: Path) -> Path:
+        """Its path in sealed/, ingested/ or quarantine/ (``folder``)."""
+        return folder / f"{self.id}{self.path.suffix}"
 
 
 @dataclass(frozen=True)
@@ -215,7 +228,7 @@ class Layout:
             return []
         shards, notes = [], {}
         for name, path in _names(self.quarantine):
-            match, companion = _FILED.fullmatch(name), _QUARANTINE_COMPANION.fullmatch(name)
+            match, companion = _QUARANTINED.fullmatch(name), _QUARANTINE_COMPANION.fullmatch(name)
             trusted = self._check(strangers, path, match is not None or companion is not None)
             if match and trusted:
                 shards.append((int(match[2]), path))
@@ -249,14 +262,17 @@ class Layout:
         other."""
         if shard.state != "live":
             return None
-        return next((s for s in self.shards("sealed", shard.host) if s.id == shard.id), None)
+        return next(
+            (s for s in self.shards("sealed", shard.host) if s.id == shard.id and s.format == shard.format), None
+        )
 
     def readable_shards(self, host: str) -> list[Shard]:
-        """The shards ``host`` may read: every sealed one, and its own live ones; oldest first."""
+        """The shards ``host`` may read, oldest first: every sealed one, every live log (appended only, so any host
+        reads it as it grows), and its own live SQLite shards (an older walbuf's, in WAL mode)."""
         return [
             shard
             for shard in self.shards()
-            if shard.state == "sealed" or (shard.state == "live" and shard.host == host)
+            if shard.state == "sealed" or (shard.state == "live" and (shard.format == "log" or shard.host == host))
         ]
 
     @contextmanager
@@ -298,7 +314,8 @@ class Layout:
         except UntrustedPathError as exc:
             found.strangers.append(Stranger(folder, str(exc)))
             return
-        shards, refused = {}, {}
+        shards: list[Shard] = []
+        refused: dict[int, Path] = {}  # an older walbuf's SQLite shard by its GEN -> a companion not trusted
         for name, path in self._private_names(folder):
             shard, companion = _LIVE.fullmatch(name), _LIVE_COMPANION.fullmatch(name)
             if name == "rotate.lock":
@@ -307,7 +324,7 @@ class Layout:
                 if companion:
                     refused[int(companion[1])] = path
             elif shard:
-                shards[int(shard[1])] = Shard(host, int(shard[1]), path, "live")
+                shards.append(Shard(host, int(shard[1]), path, "live"))
         self._keep(found, shards, refused)
 
     def _scan_filed(self, found: Scan, kind: ShardState, folder: Path, host: str | None) -> None:
@@ -316,13 +333,15 @@ class Layout:
             if self._check(found.strangers, path, match is not None) and match and host in (None, match[1]):
                 found.shards.append(Shard(match[1], int(match[2]), path, kind))
 
-    def _keep(self, found: Scan, shards: dict[int, Shard], refused: dict[int, Path]) -> None:
-        """Add ``shards`` to ``found``, but for those one of whose companions is not trusted (SQLite would open it)."""
-        for gen, shard in shards.items():
-            if gen in refused:
+    def _keep(self, found: Scan, shards: list[Shard], refused: dict[int, Path]) -> None:
+        """Add ``shards`` to ``found``, but for SQLite ones one of whose companions is not trusted (SQLite would open
+        it)."""
+        for shard in shards:
+            if shard.format == "sqlite" and shard.gen in refused:
                 found.strangers.append(
                     Stranger(
-                        shard.path, f"{shard.path} is not opened, as its companion {shown(refused[gen])} is not trusted"
+                        shard.path,
+                        f"{shard.path} is not opened, as its companion {shown(refused[shard.gen])} is not trusted",
                     )
                 )
             else:

@@ -342,7 +342,7 @@ def _writer_problem(row: tuple[object, ...]) -> str | None:
 
 def last_step(layout: Layout, host: str, run: str, writer: str, *, before: int) -> int | None:
     """The last step ``writer`` of ``run`` logged in this host's shards older than ``before``, or in the hub."""
-    candidates = [s for s in layout.shards(host=host) if s.gen < before]
+    candidates = [s for s in layout.shards(host=host) if s.gen < before and s.format == "sqlite"]
     for shard in reversed(candidates):
         with ShardReader.of(layout, shard) as reader:
             step = reader.last_step(run, writer)

@@ -23,8 +23,12 @@ import sqlalchemy as sa
 
 from ..buffer import DatabaseBuffer, Location, open_buffer
 from ..directory import DirectoryBuffer
+from ..directory.buffer import examine_log
+from ..directory.host import silent_after
 from ..directory.layout import Layout, Shard, host_name, rotate_seconds
-from ..directory.lease import in_use
+from ..directory.log_ingest import cursor_of
+from ..directory.log_shard import BadFrame
+from ..directory.sealing import in_use
 from ..errors import BufferNotFoundError, NotABufferError, StorageError, UntrustedPathError
 from ..store import Storage
 from ..store.backend import Backend
@@ -155,8 +159,9 @@ def _directory(findings: list[Finding], buffer: DirectoryBuffer) -> None:
         return  # reported above; what the shards add to it cannot be counted
     try:
         for shard in layout.shards():
-            if shard.state != "ingested":
-                add(_shard_finding(buffer, layout, shard, hub, host, age, now))
+            finding = _shard_finding(buffer, layout, shard, hub, host, age, now)
+            if shard.state != "ingested" or not finding.ok:  # the hub holds an ingested one's records
+                add(finding)
         for path, why in layout.quarantined():
             add(
                 Finding(
@@ -177,30 +182,33 @@ def _directory(findings: list[Finding], buffer: DirectoryBuffer) -> None:
 def _shard_finding(
     buffer: DirectoryBuffer, layout: Layout, shard: Shard, hub: Storage | None, host: str, age: float, now: float
 ) -> Finding:
+    if shard.format == "log":
+        return _log_finding(layout, shard, hub, now)
     name = f"shard {shard.id}"
-    try:
-        used = in_use(layout, shard.path) if shard.state == "live" else False
-    except PermissionError:
-        return Finding(name, True, f"live on {shard.host}; whether a process uses it, only its owner can tell")
     if shard.state == "live" and shard.host != host:
-        if not used:
-            return Finding(
-                name,
-                False,
-                f"live on {shard.host}, and no process uses it (its writers closed or died)",
-                "run walbuf sync (on any host): it seals the shard and copies its records in",
-            )
+        # An older walbuf's shard: only a sync on its own host may seal it (its lock does not span hosts).
         if now > shard.gen / 1e9 + 2 * age:
             return Finding(
                 name,
                 False,
-                f"in use on {shard.host} for longer than twice the rotation age ({age:g}s):"
-                " a writer there is idle or hangs",
-                f"check the writers on {shard.host}; their records arrive once they log again or close",
+                f"an older walbuf's shard, live on {shard.host} for longer than twice the rotation age ({age:g}s)",
+                f"run walbuf sync on {shard.host}: it seals the shard once no process there uses it",
             )
-        return Finding(name, True, f"live on {shard.host}")
-    if shard.state == "sealed":
+        return Finding(name, True, f"an older walbuf's shard, live on {shard.host}")
+    try:
+        used = in_use(layout, shard.path) if shard.state == "live" else False
+    except PermissionError:
+        return Finding(name, True, f"live on {shard.host}; whether a process uses it, only its owner can tell")
+    if shard.state in ("sealed", "ingested"):
         damage = _integrity(layout, shard)
+        if damage and shard.state == "ingested":
+            return Finding(
+                name,
+                False,
+                "ingested, damaged: " + damage,
+                "its records were in the hub when it was taken in; keep it for a person to look at (it should"
+                " not be damaged), or delete it",
+            )
         if damage:
             return Finding(
                 name,
@@ -209,6 +217,8 @@ def _shard_finding(
                 "run walbuf sync: it sets the shard aside in quarantine/, and walbuf doctor then says how to"
                 " recover it",
             )
+        if shard.state == "ingested":
+            return Finding(name, True, "ingested: its records are in the hub")
     try:
         waiting = buffer.not_in_hub(shard, hub)
     except StorageError as exc:
@@ -223,6 +233,74 @@ def _shard_finding(
             "run walbuf sync on this host: it seals the shard and copies its records in",
         )
     return Finding(name, True, f"in use on this host, {waiting} records not in the hub")
+
+
+def _log_finding(layout: Layout, shard: Shard, hub: Storage | None, now: float) -> Finding:
+    """What reading a log shard whole finds: whether walbuf wrote all of it, how much the hub lacks, its process."""
+    name = f"shard {shard.id}"
+    refused = cursor_of(hub, shard.id).refused
+    if refused is not None:
+        return Finding(
+            name,
+            False,
+            f"{shard.state}, not read past where the last sync stopped: {refused}",
+            _damaged_log_advice(shard),
+        )
+    try:
+        seen = examine_log(layout, shard, hub)
+    except BadFrame as exc:
+        return Finding(name, False, f"{shard.state}: {exc}", _damaged_log_advice(shard))
+    except StorageError as exc:
+        return Finding(name, False, str(exc), "see the message")
+    if seen.damaged_at is not None:
+        return Finding(
+            name,
+            False,
+            f"{shard.state}, damaged at byte {seen.damaged_at}: whole frames follow a frame that cannot be read",
+            _damaged_log_advice(shard),
+        )
+    if shard.state == "ingested":
+        if not seen.ended:
+            return Finding(
+                name, False, "ingested, but it does not end as a whole shard does", _damaged_log_advice(shard)
+            )
+        return Finding(name, True, "ingested: its records are in the hub")
+    waiting = f"{seen.waiting} records not in the hub"
+    if shard.state == "sealed":
+        return Finding(name, True, f"sealed, {waiting} yet")
+    process = seen.process
+    if process is None:
+        return Finding(name, True, f"live on {shard.host}, just made")
+    who = f"process {process.pid} on {process.host}"
+    running = process.running()
+    if running is False:
+        if seen.waiting:
+            return Finding(
+                name,
+                False,
+                f"live, {waiting}, and {who} (this machine) ended without sealing it",
+                "run walbuf sync: it copies the records in, and on this machine seals the shard",
+            )
+        return Finding(name, True, f"{who} ended without sealing it; the next walbuf sync here seals it")
+    if running is None and now - seen.last_heard >= silent_after():
+        quiet = f"{who} (another machine) was last heard of {now - seen.last_heard:.0f}s ago: taken for dead"
+        if seen.waiting:
+            return Finding(name, False, f"live, {waiting}; {quiet}", "run walbuf sync (on any host)")
+        return Finding(
+            name,
+            True,
+            f"{quiet}; the hub holds all of it. Only a sync on that machine seals it (none elsewhere changes it):"
+            f" if {process.host} never runs walbuf again, delete the file",
+        )
+    return Finding(name, True, f"live, appended by {who}, {waiting}")
+
+
+def _damaged_log_advice(shard: Shard) -> str:
+    return (
+        "the frames before it are taken in, none after it: keep a copy of the file for a person to look at."
+        " If its process has ended and you give up what follows the damage, cut the file there"
+        f" (`truncate -s BYTE {shard.path}`), and the next sync takes the shard in as whole"
+    )
 
 
 def _integrity(layout: Layout, shard: Shard) -> str:

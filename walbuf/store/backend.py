@@ -67,8 +67,17 @@ class WriterLock(Lock, Protocol):
     def note_open(self) -> None:
         """Just after acquire: the writer may log. Raises OSError."""
 
-    def note_closed(self, exit_code: int) -> None:
-        """Before release: the writer closed with ``exit_code``. Raises OSError."""
+    def note_closed(self, exit_code: int, last_step: int | None) -> None:
+        """Before release: the writer closed with ``exit_code``, at ``last_step``. Raises OSError."""
+
+    @property
+    def noted_step(self) -> int | None:
+        """After note_open: the last step the previous holder noted as it closed (None: none noted, or it died)."""
+
+    @property
+    def opened_before(self) -> bool:
+        """After note_open: whether the id may have been opened before (False only where the kind knows it never
+        was: a lock file made just now)."""
 
     @property
     def renew_every(self) -> float | None:
@@ -174,8 +183,9 @@ class Backend:
         """Whether some process holds writer lock ``name`` now. Changes nothing."""
         return self.lock_held(name)
 
-    def writer_lock(self, name: str, appender: Appender) -> WriterLock:
-        """The lock that makes a writer the owner of its id, held while its appender lives."""
+    def writer_lock(self, name: str, appender: Appender | None) -> WriterLock:
+        """The lock that makes a writer the owner of its id, held while its appender lives (None: a directory
+        buffer's writer, which appends to no database of this kind)."""
         raise NotImplementedError
 
     def writer_close_note(self, name: str) -> int | None:

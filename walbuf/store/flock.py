@@ -28,7 +28,8 @@ from .trust import Owner
 
 _POLL_FIRST = 0.001  # seconds between attempts while a lock stays taken, doubling...
 _POLL_MAX = 0.05  # ... up to this
-NOTE_WIDTH = 16  # bytes of a lock file's note (see FileLock.note)
+NOTE_WIDTH = 40  # bytes of a lock file's note (see FileLock.note)
+_OLD_NOTE_WIDTH = 16  # what walbuf before the step in a writer's note wrote
 
 
 class FileLock:
@@ -83,6 +84,12 @@ class FileLock:
             raise ValueError(f"a lock note is under {NOTE_WIDTH} bytes: {text!r}")
         os.pwrite(self._fd, data, 0)
 
+    def current_note(self) -> str | None:
+        """The note in the held lock file now (a previous holder's, until :meth:`note` replaces it); None if none."""
+        if self._fd < 0:
+            raise RuntimeError(f"{self.path} is not held")
+        return _note(os.pread(self._fd, NOTE_WIDTH, 0))
+
     def release(self) -> None:
         """Let go (closing the descriptor drops the flock); nothing if not held."""
         if self._fd >= 0:
@@ -122,9 +129,15 @@ def read_note(path: Path, owner: Owner) -> str | None:
     except FileNotFoundError:
         return None
     try:
+        # Another host's writes to it may be cached here: read it as it is now.
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         data = os.pread(fd, NOTE_WIDTH, 0)
     finally:
         os.close(fd)
-    if len(data) != NOTE_WIDTH or not data.endswith(b"\n"):
+    return _note(data)
+
+
+def _note(data: bytes) -> str | None:
+    if len(data) not in (NOTE_WIDTH, _OLD_NOTE_WIDTH) or not data.endswith(b"\n"):
         return None  # no note, or one cut off
     return data.decode("ascii", errors="replace").strip()

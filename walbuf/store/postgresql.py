@@ -23,6 +23,7 @@ from ..errors import (
     StorageError,
     WriterConflictError,
 )
+from . import machine
 from .backend import INSERT_COLUMNS, Access, Appender, Backend, Durability, Lock, WriterLock
 
 # SQLSTATE codes (PostgreSQL's appendix A) walbuf tells apart.
@@ -170,7 +171,7 @@ class PostgresBackend(Backend):
     def appender(self, engine: sa.Engine) -> Appender:
         return _PostgresAppender(self, engine)
 
-    def writer_lock(self, name: str, appender: Appender) -> WriterLock:
+    def writer_lock(self, name: str, appender: Appender | None) -> WriterLock:
         assert isinstance(appender, _PostgresAppender)
         return _WriterLease(self, name, appender)
 
@@ -294,24 +295,10 @@ _NOW = "extract(epoch FROM clock_timestamp())::float8"  # the server's clock: ho
 _LEASE_ROW = f"SELECT holder, host, boot_id, pid, started, expires_at < {_NOW} FROM writer_leases WHERE name = %s"
 
 
-def _boot_id() -> str:
-    """This host's boot id ('' where the kernel gives none): a pid names one process only within one boot."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as file:
-            return file.read().strip()
-    except OSError:
-        return ""
-
-
 def _started(pid: int) -> str | None:
-    """When process ``pid`` started (clock ticks since boot); None if there is no such process (or no /proc)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as file:
-            stat = file.read()
-    except OSError:
-        return None
-    # The command name (field 2) may hold spaces and parentheses: count from its end.
-    return stat[stat.rindex(b")") + 2 :].split()[19].decode()
+    """When process ``pid`` started, as the lease row keeps it (text); None if there is no such process."""
+    ticks = machine.started(pid)
+    return None if ticks is None else str(ticks)
 
 
 def _lapsed(row: Any) -> bool:
@@ -321,7 +308,7 @@ def _lapsed(row: Any) -> bool:
         return True
     # A holder on this host is looked at directly, so a writer killed here
     # is seen dead at once rather than when its lease runs out.
-    return bool(host == socket.gethostname() and boot_id == _boot_id() != "" and _started(pid) != started)
+    return bool(host == socket.gethostname() and boot_id == machine.boot_id() != "" and _started(pid) != started)
 
 
 def _taken_over(backend: PostgresBackend, then: str) -> WriterConflictError:
@@ -373,7 +360,7 @@ class _WriterLease:
 
     def _take(self) -> bool:
         """Take the lease if nobody holds it; whether this writer holds it now."""
-        me = (self._holder, socket.gethostname(), _boot_id(), os.getpid(), _started(os.getpid()) or "")
+        me = (self._holder, socket.gethostname(), machine.boot_id(), os.getpid(), _started(os.getpid()) or "")
         set_lease = (
             f"holder = %s, host = %s, boot_id = %s, pid = %s, started = %s, expires_at = {_NOW} + {LEASE_SECONDS}"
         )
@@ -431,10 +418,13 @@ class _WriterLease:
         finally:
             self._appender.close()
 
+    noted_step: int | None = None  # the writers table holds each writer's last step
+    opened_before = True
+
     def note_open(self) -> None:
         pass
 
-    def note_closed(self, exit_code: int) -> None:
+    def note_closed(self, exit_code: int, last_step: int | None) -> None:
         pass
 
 

@@ -18,7 +18,9 @@ from ..errors import NotABufferError, SchemaTooNewError
 
 # Every revision in migrations/versions, oldest first. The newest is the schema
 # this code reads and writes; tests check this list against Alembic's own.
-KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010")
+KNOWN_REVISIONS: tuple[str, ...] = (
+    "0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011",
+)  # fmt: skip
 HEAD_REVISION = KNOWN_REVISIONS[-1]
 
 # Record ids are sync cursors. 64-bit in PostgreSQL; in SQLite the column
@@ -167,6 +169,34 @@ shard_cursors = sa.Table(
     sa.Column("last_id", sa.BigInteger, nullable=False),
     # ... and of the last config entry copied.
     sa.Column("config_id", sa.BigInteger, nullable=False, server_default="0"),
+)
+
+# In the hub of a directory buffer: how far each log shard (of frames, see
+# walbuf.directory.frames) is taken in: the offset of its first frame not
+# taken in, whether its END frame was, the process that appends it (JSON;
+# NULL before its first frame is taken in), the time of its last frame taken
+# in, and why the last sync stopped reading it there, if it did (a frame
+# walbuf would not write, damage, a writer the hub refuses).
+log_cursors = sa.Table(
+    "log_cursors",
+    metadata,
+    sa.Column("shard", sa.Text, primary_key=True),
+    sa.Column("offset", sa.BigInteger, nullable=False),
+    sa.Column("ended", sa.Boolean, nullable=False),
+    sa.Column("process", sa.Text),
+    sa.Column("seen", sa.Float, nullable=False),
+    sa.Column("refused", sa.Text),
+)
+
+# ... and each writer a log shard names: its id there, the hub's writer, and
+# whether it is open there (no CLOSED frame of it taken in yet).
+log_writers = sa.Table(
+    "log_writers",
+    metadata,
+    sa.Column("shard", sa.Text, primary_key=True),
+    sa.Column("local_id", sa.Integer, primary_key=True),
+    sa.Column("writer_id", sa.Integer, sa.ForeignKey("writers.id"), nullable=False),
+    sa.Column("open", sa.Boolean, nullable=False),
 )
 
 

@@ -233,7 +233,7 @@ class SQLiteBackend(Backend):
             return False
         return held(self._lock_path(name), owner)
 
-    def writer_lock(self, name: str, appender: Appender) -> _WriterFileLock:
+    def writer_lock(self, name: str, appender: Appender | None = None) -> _WriterFileLock:
         return _WriterFileLock(self, *self._lock_file(name))
 
     def writer_close_note(self, name: str) -> int | None:
@@ -386,7 +386,14 @@ class _FileLock(FileLock):
 class _WriterFileLock(_FileLock):
     """A writer's id lock; its note says whether the writer is open or closed (see walbuf.store.flock)."""
 
+    noted_step: int | None = None
+    opened_before = True
+
     def note_open(self) -> None:
+        # What the previous holder noted as it closed: its last step, so that
+        # the writer goes on from there without reading every shard.
+        self.noted_step = _closed_step(self.current_note())
+        self.opened_before = os.fstat(self._fd).st_size > 0  # a lock file made just now holds nothing
         # Over a "closed" note a previous holder left: a writer of this id
         # that dies now must not be taken for one that closed.
         try:
@@ -399,8 +406,8 @@ class _WriterFileLock(_FileLock):
                 ) from exc
             raise StorageError(f"{self.path}: cannot note that the writer is open ({exc.strerror})") from exc
 
-    def note_closed(self, exit_code: int) -> None:
-        self.note(f"closed {exit_code}")
+    def note_closed(self, exit_code: int, last_step: int | None) -> None:
+        self.note(f"closed {exit_code} {'-' if last_step is None else last_step}")
 
     renew_every: float | None = None  # the kernel releases a flock when its holder dies
 
@@ -409,11 +416,21 @@ class _WriterFileLock(_FileLock):
 
 
 def _close_note(text: str | None) -> int | None:
-    """The exit code in a writer lock's note "closed N"; None for any other note."""
+    """The exit code in a writer lock's note "closed N [STEP]"; None for any other note."""
     if text is None or not text.startswith("closed "):
         return None
-    code = text.removeprefix("closed ")
+    code = text.removeprefix("closed ").split(" ")[0]
     return int(code) if code.isdecimal() and len(code) < 4 else None
+
+
+def _closed_step(text: str | None) -> int | None:
+    """The last step in a writer lock's note "closed N STEP"; None for any other note (or "-": no record)."""
+    if _close_note(text) is None:
+        return None
+    assert text is not None
+    parts = text.split(" ")
+    step = parts[2] if len(parts) == 3 else ""
+    return int(step) if step.isdecimal() and len(step) < 20 else None
 
 
 class _SQLiteAppender:

@@ -72,6 +72,53 @@ def writer_lock_name(run: str, writer: str) -> str:
 ConfigKind = Literal["config", "summary"]
 
 
+def find_writer(
+    conn: sa.Connection,
+    run: str,
+    writer: str,
+    step_axis: str,
+    prefix: str,
+    host: str,
+    pid: int,
+    target: Target | None,
+    now: float,
+) -> tuple[int, bool]:
+    """In a write transaction: (the id of ``writer`` of ``run``, whether it is new), made if new (open since ``now``).
+
+    The run is made if new; ``target`` is stored for it where it holds none
+    yet. Raises WriterConflictError if the writer exists with another step
+    axis or prefix, TargetConflictError if the run has another target.
+    """
+    run_id = conn.scalar(sa.select(runs.c.id).where(runs.c.name == run))
+    if run_id is None:
+        run_id = inserted_id(conn.execute(runs.insert().values(name=run, created_at=now)))
+    if target is not None:
+        set_target(conn, run_id, run, target)
+    row = conn.execute(
+        sa.select(writers.c.id, writers.c.step_axis, writers.c.prefix).where(
+            writers.c.run_id == run_id, writers.c.name == writer
+        )
+    ).first()
+    if row is None:
+        # A new writer has no records at or below the newest id, so its
+        # cursor starts there: syncs never rescan older records for it.
+        newest = conn.scalar(sa.select(sa.func.coalesce(sa.func.max(records.c.id), 0)))
+        values = {"step_axis": step_axis, "prefix": prefix, "synced_id": newest, "host": host, "pid": pid}
+        created = conn.execute(writers.insert().values(run_id=run_id, name=writer, opened_at=now, **values))
+        return inserted_id(created), True
+    if row.step_axis != step_axis:
+        raise WriterConflictError(
+            f"writer {writer!r} of run {run!r} logs on step axis {row.step_axis!r},"
+            f" not {step_axis!r}; use that axis, or another writer id for a new axis"
+        )
+    if (row.prefix if row.prefix is not None else writer) != prefix:
+        raise WriterConflictError(
+            f"writer {writer!r} of run {run!r} logs with the prefix {row.prefix!r}, not {prefix!r},"
+            " and a writer's keys keep their W&B names; use that prefix, or another writer id"
+        )
+    return int(row.id), False
+
+
 @dataclass(frozen=True)
 class Confirmed:
     """What W&B confirmed of one upload of a run, for :meth:`Storage.confirm_upload`."""
@@ -312,49 +359,22 @@ class Storage:
         """
         now = time.time()
         with self.begin_write() as conn:
-            run_id = self._run_id(conn, run, now)
-            if target is not None:
-                set_target(conn, run_id, run, target)
-            row = conn.execute(
-                sa.select(writers.c.id, writers.c.step_axis, writers.c.prefix, writers.c.pruned_step).where(
-                    writers.c.run_id == run_id, writers.c.name == writer
-                )
-            ).first()
+            writer_id, new = find_writer(conn, run, writer, step_axis, prefix, host, pid, target, now)
             values = {"host": host, "pid": pid, "opened_at": now, "closed_at": closed_at, "close_exit": close_exit}
             if closed_at is None:
-                conn.execute(runs.update().where(runs.c.id == run_id).values(finished_exit=None))
-            if row is None:
-                # A new writer has no records at or below the newest id, so its
-                # cursor starts there: syncs never rescan older records for it.
-                newest = conn.scalar(sa.select(sa.func.coalesce(sa.func.max(records.c.id), 0)))
-                writer_id = inserted_id(
-                    conn.execute(
-                        writers.insert().values(
-                            run_id=run_id,
-                            name=writer,
-                            step_axis=step_axis,
-                            prefix=prefix,
-                            synced_id=newest,
-                            **values,
-                        )
-                    )
+                conn.execute(
+                    runs.update()
+                    .where(runs.c.id == sa.select(writers.c.run_id).where(writers.c.id == writer_id).scalar_subquery())
+                    .values(finished_exit=None)
                 )
+            conn.execute(writers.update().where(writers.c.id == writer_id).values(**values))
+            if new:
                 return writer_id, None
-            if row.step_axis != step_axis:
-                raise WriterConflictError(
-                    f"writer {writer!r} of run {run!r} logs on step axis {row.step_axis!r},"
-                    f" not {step_axis!r}; use that axis, or another writer id for a new axis"
-                )
-            if (row.prefix if row.prefix is not None else writer) != prefix:
-                raise WriterConflictError(
-                    f"writer {writer!r} of run {run!r} logs with the prefix {row.prefix!r}, not {prefix!r},"
-                    " and a writer's keys keep their W&B names; use that prefix, or another writer id"
-                )
-            conn.execute(writers.update().where(writers.c.id == row.id).values(**values))
+            row = conn.execute(sa.select(writers.c.pruned_step).where(writers.c.id == writer_id)).one()
             last_step = conn.scalar(
-                sa.select(records.c.step).where(records.c.writer_id == row.id).order_by(records.c.id.desc()).limit(1)
+                sa.select(records.c.step).where(records.c.writer_id == writer_id).order_by(records.c.id.desc()).limit(1)
             )
-            return row.id, last_step if last_step is not None else row.pruned_step
+            return writer_id, last_step if last_step is not None else row.pruned_step
 
     def confirm_upload(self, done: Confirmed, also: Callable[[sa.Connection], None]) -> None:
         """Record an upload W&B confirmed, in one transaction: the cursors advance, never back.
@@ -421,13 +441,6 @@ class Storage:
                 config_entries.insert(),
                 [{"writer_id": writer_pk, "kind": kind, "key": k, "value": v, "time": now} for k, v in encoded.items()],
             )
-
-    @staticmethod
-    def _run_id(conn: sa.Connection, run: str, now: float) -> int:
-        run_id = conn.scalar(sa.select(runs.c.id).where(runs.c.name == run))
-        if run_id is None:
-            return inserted_id(conn.execute(runs.insert().values(name=run, created_at=now)))
-        return int(run_id)
 
     def read(self, run: str | None = None, writer: str | None = None, *, quarantined: bool = False) -> Iterator[Record]:
         """Every record (of one run / writer if given), in the order they were logged.

@@ -1,18 +1,19 @@
-"""Leases and sealing: which live shard the processes of a host write, and when it becomes sealed.
+"""Sealing: a shard becomes sealed once nothing will be appended to it, and only a process that knows it says so.
 
-The writers of a host share its newest live shard while it is younger than
-the rotation age (WALBUF_ROTATE_SECONDS, default 300); after that, each
-writer moves to a new one at its next log(). A shard nobody uses any more
-(its processes moved on, closed, or died) is sealed: checkpointed, switched
-out of WAL, renamed into sealed/. From then on it is immutable, and any host
-reads it with SQLite's ``immutable=1``. A sync on any host seals the shards
-nobody uses, its own host's and every other's (:func:`seal_unused`): so
-the records of a host that died, or whose writers were killed, arrive too.
+A log shard (walbuf.directory.appender) is sealed by its own process: an
+END frame, then a rename into sealed/. A process that died leaves its
+shard live; a sync on the same machine (where it can tell for sure that
+the process ended, see walbuf.directory.host) renames it into sealed/
+(:func:`seal_ended`), with no END frame. A sync on another machine never
+does: it reads the shard as it is, and changes nothing of it.
 
-Each process using a live shard holds a shared flock on ``GEN.db.inuse``;
-sealing takes it exclusively, so a shard is never sealed under a process
-that uses it. Choosing a shard and sealing one take turns on the host's
-``live/HOST/rotate.lock``.
+SQLite shards of an older walbuf (live/HOST/GEN.db, shared by the
+processes of HOST in WAL mode, each holding a shared flock on
+GEN.db.inuse) are sealed as that walbuf did, but only by a sync on their
+own host (:func:`seal_unused`): the flock tells nothing across hosts whose
+locks do not span them, and SQLite's WAL index is memory of that host.
+Sealing one checkpoints its WAL, switches it out of WAL mode and moves it
+to sealed/.
 """
 
 from __future__ import annotations
@@ -21,59 +22,18 @@ import fcntl
 import logging
 import os
 import sqlite3
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import StorageError
+from ..errors import BufferCorruptError, StorageError
 from ..store.flock import held
 from ..store.sqlite import COMPANIONS, failure, harden
 from ..store.trust import Owner, fsync
-from .layout import Layout, Shard, rotate_seconds
+from .layout import Layout, Shard
+from .log_shard import first_process
+from .shard import ShardGone
 
 _log = logging.getLogger(__name__)
-
-
-class Lease:
-    """This process's use of a live shard of its host: a shared flock, held until released.
-
-    The shard is the host's newest one if it is younger than the rotation
-    age, else a new one. :attr:`expires` is when a writer should move on.
-    """
-
-    def __init__(self, layout: Layout, host: str) -> None:
-        self.layout, self.host = layout, host
-        age = rotate_seconds()
-        owner = layout.make()
-        with layout.rotate_lock(host):
-            now = time.time_ns()
-            newest = next(reversed(layout.shards("live", host)), None)
-            if newest is not None and now < newest.gen + age * 1e9:
-                gen = newest.gen
-            else:
-                gen = max(now, newest.gen + 1 if newest else 0)
-            self.path = layout.live(host) / f"{gen:020d}.db"
-            # Made now (owner-only), under the lock, so that the next process joins it.
-            os.close(owner.open(self.path, os.O_WRONLY, create=True))
-            self._fd = owner.open(Path(f"{self.path}.inuse"), os.O_RDWR, create=True, private=True)
-            fcntl.flock(self._fd, fcntl.LOCK_SH)
-        self.gen = gen
-        self.expires = gen / 1e9 + age
-
-    def release(self, seal: bool = True) -> None:
-        """Stop using the shard; then seal it if nobody else uses it (and ``seal``)."""
-        if self._fd < 0:
-            return
-        os.close(self._fd)  # drops the flock
-        self._fd = -1
-        if seal:
-            outcome = seal_if_unused(self.layout, self.host, self.path)
-            if outcome.set_aside is not None:
-                _log.warning("%s", outcome.set_aside)
-
-    def abandon(self) -> None:
-        """In a forked child: the flock is the parent's (it shares the open file)."""
-        self._fd = -1
 
 
 @dataclass(frozen=True)
@@ -95,17 +55,13 @@ class Sealing:
     set_aside: list[str]  # damaged shards moved to quarantine/, a message each
 
 
-def seal_if_unused(layout: Layout, host: str, path: Path, *, here: str | None = None) -> SealOutcome:
+def seal_if_unused(layout: Layout, host: str, path: Path) -> SealOutcome:
     """Seal ``host``'s live shard at ``path`` unless a process uses it.
 
     Left as it is if a process uses it (or holds SQLite's lock on it past
     the busy timeout, or it is gone); set aside in quarantine/, with a
-    message, if it was damaged. ``here`` is
-    the host this process runs on (default: ``host``): another host's shard
-    is opened in SQLite's exclusive locking mode, which keeps the WAL index
-    in this process's memory instead of the shared memory of that host, and
-    which no process anywhere can hold the file open against. Raises
-    StorageError if the shard cannot be read or written.
+    message, if it was damaged. Raises StorageError if the shard cannot be
+    read or written.
     """
     owner = layout.own()
     with layout.rotate_lock(host):
@@ -119,7 +75,7 @@ def seal_if_unused(layout: Layout, host: str, path: Path, *, here: str | None = 
                 return _LEFT
             _log.info("sealing shard %s.%d of host %s: no process uses it", host, int(path.stem), host)
             try:
-                damage = _seal(layout, owner, host, path, foreign=here not in (None, host))
+                damage = _seal(layout, owner, host, path)
             except _Busy:
                 return _LEFT  # a reader holds it (walbuf status on its host, say): the next sync seals it
             outcome = SealOutcome(sealed=True)
@@ -131,6 +87,33 @@ def seal_if_unused(layout: Layout, host: str, path: Path, *, here: str | None = 
             os.close(fd)
 
 
+def seal_ended(layout: Layout) -> list[Path]:
+    """Seal the live log shards whose process ended on this machine (it is sure of that alone); their new paths.
+
+    Such a shard ends at its last whole frame (a frame its process was
+    writing as it died is cut off). One that is not a shard walbuf wrote is
+    left where it is: ingest reports it.
+    """
+    sealed = []
+    for shard in layout.shards("live"):
+        if shard.format != "log":
+            continue
+        try:
+            process = first_process(layout, shard)
+        except (ShardGone, BufferCorruptError):
+            continue
+        if process is None or process.running() is not False:
+            continue  # it runs, or its machine is another: not this sync's to judge
+        owner = layout.own()
+        owner.folder(layout.sealed, make=True)
+        target = shard.filed(layout.sealed)
+        os.replace(shard.path, target)
+        sealed.append(target)
+    if sealed:
+        fsync(layout.sealed, folder=True)
+    return sealed
+
+
 def in_use(layout: Layout, path: Path) -> bool:
     """Whether a process holds the live shard at ``path`` (its shared flock).
 
@@ -140,14 +123,12 @@ def in_use(layout: Layout, path: Path) -> bool:
 
 
 def seal_unused(layout: Layout, here: str) -> Sealing:
-    """Seal the live shards of every host that nobody uses (their writers closed, or died with their host).
-
-    A shard whose processes died is sealed by the first sync on any host,
-    so that the records of a host that never runs walbuf again still arrive.
-    """
+    """Seal the live SQLite shards (an older walbuf's) of host ``here`` that no process uses any more."""
     done = Sealing([], [])
-    for shard in layout.shards("live"):
-        outcome = seal_if_unused(layout, shard.host, shard.path, here=here)
+    for shard in layout.shards("live", here):
+        if shard.format != "sqlite":
+            continue
+        outcome = seal_if_unused(layout, shard.host, shard.path)
         if outcome.sealed:
             done.sealed.append(layout.sealed / f"{shard.host}.{shard.gen}.db")
         elif outcome.set_aside is not None:
@@ -155,7 +136,7 @@ def seal_unused(layout: Layout, here: str) -> Sealing:
     return done
 
 
-def _seal(layout: Layout, owner: Owner, host: str, path: Path, *, foreign: bool) -> str | None:
+def _seal(layout: Layout, owner: Owner, host: str, path: Path) -> str | None:
     """Seal the shard (the caller holds it exclusively); what SQLite finds damaged instead, if anything."""
     # SQLite opens the companions by name: each must be the owner's file.
     for suffix in COMPANIONS:
@@ -168,10 +149,6 @@ def _seal(layout: Layout, owner: Owner, host: str, path: Path, *, foreign: bool)
         try:
             harden(conn)
             conn.execute("PRAGMA busy_timeout=10000")
-            if foreign:
-                # Before the first access: no shared memory (the WAL index is
-                # rebuilt from the WAL in this process), and an exclusive lock.
-                conn.execute("PRAGMA locking_mode=EXCLUSIVE")
             if conn.execute("PRAGMA quick_check").fetchone() != ("ok",):
                 return "SQLite's quick_check finds it damaged"
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")

@@ -1,0 +1,331 @@
+"""This process's live shard of a directory buffer: the one file every writer of the process appends its frames to.
+
+A process (per buffer and host name) appends to one file of its own,
+``live/HOST/GEN.log`` (see walbuf.directory.frames), and nothing else ever
+writes it: no lock is needed, on any filesystem, and any host may read it
+while it grows. Its first frame names the process (walbuf.directory.host),
+then each writer that opens there, then records, config entries and closes
+as they are logged.
+
+- Committed on return: a frame is one ``write()`` (``fsync`` too with
+  ``durability="fsync"``). A write that fails is cut back off the file, so
+  nothing half-written stays before the next frame; where even that fails,
+  the process goes on in a new file and the old one ends at the cut-off
+  frame, which readers take for its end.
+- Rotation: a file older than the rotation age (WALBUF_ROTATE_SECONDS) is
+  replaced by a new one at the next frame; the writers still open are noted
+  in the new file first, then the old one is sealed.
+- Sealing, by this process only: an END frame (the file is whole), then a
+  rename into ``sealed/``. It happens at rotation and when the last writer
+  of the process closes (or the decorator lets go of its hold). A process
+  that dies leaves its file live and readable; a sync on its machine seals
+  it (walbuf.directory.ingest), one elsewhere only reads it.
+- While writers are open and nothing else is appended, the process appends
+  a heartbeat every HEARTBEAT seconds from its expiry thread, so that other
+  machines can tell it still runs (walbuf.directory.host).
+- After fork, a child never touches its parent's file: it opens its own.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import expiry
+from ..errors import BufferFullError, BufferNotWritableError, StorageError
+from ..store.claims import Claims, Conflict
+from ..store.target import Target
+from ..store.trust import fsync
+from . import frames
+from .host import HEARTBEAT, Process
+from .layout import Layout, rotate_seconds
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WriterEntry:
+    """A writer as its frame names it: what a shard's reader needs to know of the writer of a record."""
+
+    run: str
+    name: str
+    step_axis: str
+    prefix: str
+    host: str
+    pid: int
+    target: Target
+
+    def to_json(self, local: int, now: float) -> dict[str, object]:
+        return {
+            "id": local,
+            "run": self.run,
+            "name": self.name,
+            "step_axis": self.step_axis,
+            "prefix": self.prefix,
+            "host": self.host,
+            "pid": self.pid,
+            "target": [self.target.wandb_id, self.target.project, self.target.entity],
+            "time": now,
+        }
+
+
+class ProcessShard:
+    """The live shard this process appends to, for one buffer and host name; shared by the process's writers.
+
+    Made by :func:`process_shard`. Held while a writer of the process is
+    open (or the decorator keeps it): :meth:`hold` and :meth:`let_go`. Safe
+    to use from several threads.
+    """
+
+    def __init__(self, layout: Layout, host: str) -> None:
+        self.layout, self.host = layout, host
+        self.pid = os.getpid()
+        self._lock = threading.Lock()
+        self._holds = 0
+        self._fd = -1
+        self._path: Path | None = None
+        self._size = 0
+        self._broken = False  # a failed write could not be cut back off: the next frame goes to a new file
+        self._expires = 0.0
+        self._last_write = 0.0
+        self._beating = False  # a heartbeat is scheduled
+        self._ids = itertools.count(1)
+        self._writers: dict[int, WriterEntry] = {}  # local id -> the writers open here
+        self._last_steps: dict[tuple[str, str], int] = {}  # (run, writer) -> its last step logged in this process
+        self._claims: dict[tuple[str, str], tuple[str | None, str]] = {}  # (run, W&B key) -> (axis, writer)
+
+    @property
+    def path(self) -> Path | None:
+        """The live file now (None before the first hold)."""
+        return self._path
+
+    def hold(self) -> None:
+        """Keep the shard (opened now if it is not) until a matching :meth:`let_go`."""
+        with self._lock:
+            if self._fd < 0:
+                self._open_new()
+            if not self._beating:
+                self._beating = True
+                self._heartbeat_later()
+            self._holds += 1
+
+    def let_go(self) -> None:
+        """End a hold; the last one seals the file. A seal that fails is logged: the file stays live until a sync on
+        this machine finds its process ended and seals it."""
+        with self._lock:
+            self._holds -= 1
+            if self._holds > 0 or self._fd < 0:
+                return
+            try:
+                self._seal_current()
+            except (OSError, StorageError) as exc:
+                _log.warning("could not seal shard %s: %s; a sync on this machine seals it later", self._path, exc)
+
+    def register(self, entry: WriterEntry, durable: bool) -> tuple[int, int | None]:
+        """Note a writer open here; (its local id, its last step logged in this process, if any)."""
+        with self._lock:
+            local = next(self._ids)
+            self._append(frames.json_frame(frames.WRITER, entry.to_json(local, time.time())), durable)
+            self._writers[local] = entry
+            return local, self._last_steps.get((entry.run, entry.name))
+
+    def claim(self, local: int, wanted: Claims) -> Conflict | None:
+        """Claim W&B keys for a writer's axis among the writers of this process (see walbuf.store.claims).
+
+        Writers of other processes are not asked here: the sync finds what
+        conflicts between them and quarantines it, as between hosts.
+        """
+        with self._lock:
+            entry = self._writers[local]
+            for key, axis in wanted.items():
+                held = self._claims.get((entry.run, key))
+                if held is not None and held[0] != axis:
+                    return Conflict(key, held[0], held[1])
+            for key, axis in wanted.items():
+                self._claims.setdefault((entry.run, key), (axis, entry.name))
+            return None
+
+    def append_record(self, local: int, step: int, now: float, metrics: str, durable: bool) -> None:
+        with self._lock:
+            self._append(frames.record_frame(local, step, now, metrics), durable)
+            entry = self._writers[local]
+            self._last_steps[(entry.run, entry.name)] = step
+
+    def add_config(self, local: int, encoded: dict[str, str], kind: str, durable: bool) -> None:
+        if not encoded:
+            return
+        with self._lock:
+            value = {"writer": local, "kind": kind, "time": time.time(), "entries": encoded}
+            self._append(frames.json_frame(frames.CONFIG, value), durable)
+
+    def close_writer(self, local: int, exit_code: int) -> None:
+        """Note that the writer closed, with ``exit_code``; it is not noted in later files of the process."""
+        with self._lock:
+            try:
+                value = {"writer": local, "exit": exit_code, "time": time.time()}
+                self._append(frames.json_frame(frames.CLOSED, value), durable=False)
+            finally:
+                del self._writers[local]
+
+    def flush(self) -> None:
+        """Make every frame appended so far durable against power loss."""
+        with self._lock:
+            if self._fd >= 0:
+                try:
+                    os.fsync(self._fd)
+                except OSError as exc:
+                    raise self._error(exc, "could not be made durable") from exc
+
+    # -- the file ---------------------------------------------------------------
+
+    def _append(self, data: bytes, durable: bool) -> None:
+        """Append a frame to the live file, a new one first if this one expired or could not be written whole."""
+        if self._fd < 0:
+            raise StorageError("this process's shard is not held: a writer holds it while open")
+        if self._broken or time.time() >= self._expires:
+            self._rotate()
+        self._write(data, durable)
+
+    def _write(self, data: bytes, durable: bool) -> None:
+        fd = self._fd
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if durable:
+                os.fsync(fd)
+        except OSError as exc:
+            self._cut_back()
+            raise self._error(exc, "was not written (every earlier record is intact)") from exc
+        self._size += len(data)
+        self._last_write = time.time()
+
+    def _cut_back(self) -> None:
+        """After a failed write: take what it wrote off the file again, so that the next frame follows a whole one."""
+        try:
+            os.ftruncate(self._fd, self._size)
+        except OSError:
+            self._broken = True  # readers stop at the cut-off frame, which ends the file; go on in a new one
+
+    def _error(self, exc: OSError, what: str) -> StorageError:
+        where = self._path
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return BufferFullError(
+                f"{where}: the disk is full ({exc.strerror}); the record {what}: free space"
+                " (walbuf prune removes synced records), then log again"
+            )
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return BufferNotWritableError(f"{where} is not writable here ({exc.strerror}): the record {what}")
+        return StorageError(f"{where}: {exc.strerror or exc}; the record {what}")
+
+    def _open_new(self) -> None:
+        """Start a new live file, named by its creation time, and note the process and its open writers there."""
+        owner = self.layout.make()
+        folder = self.layout.live(self.host)
+        owner.folder(self.layout.root / "live", make=True, private=True)
+        owner.folder(folder, make=True, private=True)
+        gen = time.time_ns()
+        while True:
+            path = folder / f"{gen:020d}.log"
+            try:
+                fd = owner.open(path, os.O_WRONLY | os.O_APPEND | os.O_EXCL, create=True)
+                break
+            except FileExistsError:
+                gen += 1  # another process of this host started one in the same nanosecond
+            except OSError as exc:
+                self._path = path
+                raise self._error(exc, "was not written") from exc
+        old = (self._fd, self._path)
+        self._fd, self._path, self._size, self._broken = fd, path, 0, False
+        self._expires = gen / 1e9 + rotate_seconds()
+        try:
+            now = time.time()
+            process = {"format": 1, "process": Process.this(self.host).to_json(), "time": now}
+            self._write(frames.json_frame(frames.PROCESS, process), durable=False)
+            for local, entry in self._writers.items():
+                self._write(frames.json_frame(frames.WRITER, entry.to_json(local, now)), durable=False)
+        except BaseException:
+            os.close(fd)
+            self._fd, self._path = old
+            raise
+
+    def _rotate(self) -> None:
+        """Go on in a new file; seal the old one, unless it could not be written whole (then it is left live, ended
+        by its cut-off frame, and a sync on this machine seals it once this process has ended)."""
+        fd, path, broken = self._fd, self._path, self._broken
+        self._open_new()
+        if broken:
+            os.close(fd)
+            return
+        try:
+            self._seal(fd, path)
+        except (OSError, StorageError) as exc:
+            _log.warning("could not seal shard %s: %s; a sync on this machine seals it later", path, exc)
+
+    def _seal_current(self) -> None:
+        fd, path = self._fd, self._path
+        self._fd, self._path = -1, None
+        if self._broken:
+            os.close(fd)
+            return
+        self._seal(fd, path)
+
+    def _seal(self, fd: int, path: Path | None) -> None:
+        """Note the file whole, make it durable, and move it into sealed/; closes ``fd``."""
+        assert path is not None
+        try:
+            os.write(fd, frames.json_frame(frames.END, {"time": time.time()}))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        owner = self.layout.own()
+        owner.folder(self.layout.sealed, make=True)
+        os.replace(path, self.layout.sealed / f"{self.host}.{int(path.stem)}.log")
+        fsync(self.layout.sealed, folder=True)
+
+    # -- heartbeat ----------------------------------------------------------------
+
+    def _heartbeat_later(self) -> None:
+        expiry.call_after(HEARTBEAT, self._heartbeat)
+
+    def _heartbeat(self) -> None:
+        """In the expiry thread: append a heartbeat if nothing was appended for a while; again later while held."""
+        with self._lock:
+            if self.pid != os.getpid() or self._fd < 0 or self._holds <= 0:
+                self._beating = False  # sealed (the next hold starts it again), or the parent's (forked)
+                return
+            if time.time() - self._last_write >= HEARTBEAT / 2:
+                try:
+                    self._append(frames.alive_frame(time.time()), durable=False)
+                except StorageError as exc:
+                    _log.warning("could not note in shard %s that this process runs: %s", self._path, exc)
+            self._heartbeat_later()
+
+
+_shards: dict[tuple[Path, str], ProcessShard] = {}
+_shards_lock = threading.Lock()
+
+
+def process_shard(layout: Layout, host: str) -> ProcessShard:
+    """This process's shard of the buffer at ``layout`` under ``host`` (a new one in a forked child)."""
+    with _shards_lock:
+        key = (layout.root, host)
+        shard = _shards.get(key)
+        if shard is None or shard.pid != os.getpid():
+            shard = _shards[key] = ProcessShard(layout, host)
+        return shard
+
+
+def _after_fork_in_child() -> None:
+    global _shards_lock
+    _shards_lock = threading.Lock()  # another thread of the parent may have held it
+    _shards.clear()  # the parent's files: never appended to from here
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,190 @@
+"""The file format of a directory buffer's shards: frames, appended and never rewritten.
+
+A shard is written by one process, which only ever appends to it; any host
+reads it at any time, live or not, and never writes it. That is what makes a
+directory buffer safe where a cluster filesystem does not give one host's
+locks or caches to another (NFS ``nolock``/``local_lock``, Lustre
+``localflock``, sshfs, most FUSE filesystems): nothing a reader sees is ever
+changed under it, only added to. A reader that sees an older length, or
+pages cached before the last append, sees a shorter file, never a different
+one (docs/directory-buffers.md).
+
+A frame::
+
+    magic (2 bytes, b"\\xa7\\x1f") | kind (1 byte) | 0 (1 byte) | body length (u32 LE) | CRC-32 (u32 LE) | body
+
+The CRC covers the kind byte and the body, so a frame is taken only whole
+and as written: one cut off by a crash or still being written, a page of
+zeros, or bytes of another frame fail it. Reading stops at the first frame
+that fails; whether anything whole follows it tells a cut-off end (a write
+under way, or the writer killed mid-write) from damage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+MAGIC = b"\xa7\x1f"
+_HEAD = struct.Struct("<2sBBII")
+HEAD_SIZE = _HEAD.size  # 12
+# A body longer than this is not a frame walbuf writes: a record holds at most
+# a history line of 10 MiB and 32 MiB of images.
+MAX_BODY = 64 * 2**20
+_READ_CHUNK = 1 << 20
+
+# The kinds of frame, one byte each.
+PROCESS = ord("P")  # first frame: the process that appends (walbuf.directory.host.Process), as JSON
+WRITER = ord("W")  # a writer opened (or continues) in this shard: its local id, run, name, axis, ... as JSON
+RECORD = ord("R")  # a record: writer id, step, time (struct), then the metrics JSON
+CONFIG = ord("C")  # a writer's config or summary entries, as JSON
+CLOSED = ord("X")  # a writer closed, with its exit code, as JSON
+ALIVE = ord("A")  # the process is alive at this time (a heartbeat while it logs nothing): a double
+END = ord("E")  # the process appends nothing more: the shard is whole, as JSON
+KINDS = frozenset({PROCESS, WRITER, RECORD, CONFIG, CLOSED, ALIVE, END})
+
+_RECORD_HEAD = struct.Struct("<Iqd")  # writer's local id, step, time
+_ALIVE = struct.Struct("<d")
+
+
+def frame(kind: int, body: bytes) -> bytes:
+    """One frame of ``kind`` holding ``body``."""
+    if len(body) > MAX_BODY:
+        raise ValueError(f"a frame holds at most {MAX_BODY} bytes, not {len(body)}")
+    return _HEAD.pack(MAGIC, kind, 0, len(body), zlib.crc32(body, zlib.crc32(bytes((kind,))))) + body
+
+
+def json_frame(kind: int, value: dict[str, Any]) -> bytes:
+    return frame(kind, json.dumps(value, separators=(",", ":"), allow_nan=False).encode())
+
+
+def record_frame(writer: int, step: int, time: float, metrics: str) -> bytes:
+    return frame(RECORD, _RECORD_HEAD.pack(writer, step, time) + metrics.encode())
+
+
+def alive_frame(time: float) -> bytes:
+    return frame(ALIVE, _ALIVE.pack(time))
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One whole frame as read: where it starts and where the next one does."""
+
+    offset: int
+    end: int
+    kind: int
+    body: bytes
+
+    def json(self) -> dict[str, Any]:
+        """The body of a JSON frame; ValueError if it is not a JSON object."""
+        value = json.loads(self.body)
+        if not isinstance(value, dict):
+            raise ValueError("not a JSON object")
+        return value
+
+    def record(self) -> tuple[int, int, float, str]:
+        """(writer, step, time, metrics) of a record frame; ValueError if it is not one."""
+        if len(self.body) < _RECORD_HEAD.size:
+            raise ValueError("a record frame shorter than its fixed part")
+        writer, step, time = _RECORD_HEAD.unpack_from(self.body)
+        return writer, step, time, self.body[_RECORD_HEAD.size :].decode()
+
+    def alive(self) -> float:
+        (time,) = _ALIVE.unpack(self.body)
+        return float(time)
+
+
+Stop = Literal["end", "cut off", "damaged"]
+"""Why reading stopped: at the end of the file after a whole frame; at a frame
+cut off (the start of a frame, or zeros, with nothing whole after it: a write
+under way, a writer killed mid-write, or pages a reader cached before the
+last append); at anything else (an unreadable frame with a whole frame
+after it, or bytes that cannot start a frame)."""
+
+
+class FrameReader:
+    """Reads the whole frames of a file from ``offset`` on; never writes.
+
+    Iterate for the frames; afterwards :attr:`offset` is where the next
+    unread frame starts and :attr:`stop` says why reading ended there.
+    ``fd`` stays the caller's (not closed here).
+    """
+
+    def __init__(self, fd: int, offset: int = 0) -> None:
+        self._fd = fd
+        self.offset = offset
+        self.stop: Stop = "end"
+
+    def __iter__(self) -> Iterator[Frame]:
+        buffer = b""
+        start = self.offset  # the file offset of buffer[0]
+        at_eof = False
+        while True:
+            pos = self.offset - start
+            need = HEAD_SIZE
+            head = buffer[pos : pos + HEAD_SIZE]
+            if len(head) == HEAD_SIZE:
+                magic, kind, zero, length, crc = _HEAD.unpack(head)
+                if magic != MAGIC or kind not in KINDS or zero or length > MAX_BODY:
+                    self.stop = self._why_unreadable()
+                    return
+                need = HEAD_SIZE + length
+                if len(buffer) - pos >= need:
+                    body = buffer[pos + HEAD_SIZE : pos + need]
+                    if zlib.crc32(body, zlib.crc32(bytes((kind,)))) != crc:
+                        self.stop = self._why_unreadable()
+                        return
+                    yield Frame(self.offset, self.offset + need, kind, body)
+                    self.offset += need
+                    continue
+            if at_eof:
+                self.stop = "end" if pos == len(buffer) else self._why_unreadable()
+                return
+            # Keep what is not read yet, and read on.
+            buffer = buffer[pos:]
+            start = self.offset
+            more = os.pread(self._fd, max(_READ_CHUNK, need - len(buffer)), start + len(buffer))
+            at_eof = not more
+            buffer += more
+
+    def _why_unreadable(self) -> Stop:
+        """Of the bytes from :attr:`offset` on, where no whole frame starts: "cut off" or "damaged" (see Stop)."""
+        start = os.pread(self._fd, len(MAGIC), self.offset)
+        if not MAGIC.startswith(start) and not _zeros_from(self._fd, self.offset):
+            return "damaged"  # neither the start of a frame nor zeros
+        size = os.fstat(self._fd).st_size
+        position = self.offset + 1
+        while position < size:
+            data = os.pread(self._fd, _READ_CHUNK + HEAD_SIZE, position)
+            found = data.find(MAGIC)
+            while found >= 0:
+                if _whole_frame_at(self._fd, position + found):
+                    return "damaged"
+                found = data.find(MAGIC, found + 1)
+            position += _READ_CHUNK
+        return "cut off"
+
+
+def _zeros_from(fd: int, offset: int) -> bool:
+    """Whether the file holds only zero bytes from ``offset`` to its end."""
+    while chunk := os.pread(fd, _READ_CHUNK, offset):
+        if chunk.count(0) != len(chunk):
+            return False
+        offset += len(chunk)
+    return True
+
+
+def _whole_frame_at(fd: int, offset: int) -> bool:
+    head = os.pread(fd, HEAD_SIZE, offset)
+    if len(head) < HEAD_SIZE:
+        return False
+    magic, kind, zero, length, crc = _HEAD.unpack(head)
+    if magic != MAGIC or kind not in KINDS or zero or length > MAX_BODY:
+        return False
+    body = os.pread(fd, length, offset + HEAD_SIZE)
+    return len(body) == length and zlib.crc32(body, zlib.crc32(bytes((kind,)))) == int(crc)

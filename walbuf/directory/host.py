@@ -1,0 +1,104 @@
+"""Which process appends a shard, and whether it still runs: told for sure on its own machine, judged elsewhere.
+
+Cluster filesystems differ in what they give one host of another: many keep
+file locks per host (NFS ``nolock``/``local_lock``, Lustre ``localflock``,
+sshfs, most FUSE filesystems), so a lock cannot tell one host whether a
+process of another host is alive. A shard therefore names its process
+(:class:`Process`, its first frame) by what identifies it without locks: the
+machine's boot id, its PID namespace, its pid and the process's start time.
+
+- On the same machine (same boot id and PID namespace) the answer is sure:
+  the process runs if a process of that pid started at that time does.
+- Elsewhere it is judged by time: a process that appended nothing, not even
+  the heartbeat it appends while idle (every HEARTBEAT seconds), for
+  :func:`silent_after` seconds (``WALBUF_DEAD_AFTER``, default 600) by this
+  machine's clock is taken for dead. A judgement, never acted on by writing:
+  nothing of another machine's shard is ever changed (docs/directory-buffers.md),
+  it only decides whether a run's job may still log.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..errors import ConfigError
+from ..store import machine
+
+ENV_DEAD_AFTER = "WALBUF_DEAD_AFTER"
+DEFAULT_DEAD_AFTER = 600.0
+HEARTBEAT = 60.0  # seconds between an idle process's heartbeats; well under any sensible WALBUF_DEAD_AFTER
+
+
+@dataclass(frozen=True)
+class Process:
+    """A process as a shard names it."""
+
+    host: str  # its WALBUF_HOST name (what the shard is filed under)
+    boot: str  # the machine's boot id (/proc/sys/kernel/random/boot_id): new at every boot
+    pidns: str  # its PID namespace (/proc/self/ns/pid), as containers on one machine have their own
+    pid: int
+    start: int  # its start time, in clock ticks since boot (/proc/PID/stat): a reused pid has another
+
+    @classmethod
+    def this(cls, host: str) -> Process:
+        """This process."""
+        pid = os.getpid()
+        return cls(host, machine.boot_id(), machine.pid_namespace(), pid, machine.started(pid) or 0)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, value: object) -> Process:
+        """ValueError unless ``value`` is a Process's JSON as walbuf writes it."""
+        if not isinstance(value, dict) or set(value) != {"host", "boot", "pidns", "pid", "start"}:
+            raise ValueError("not a process's description")
+        texts = (value["host"], value["boot"], value["pidns"])
+        numbers = (value["pid"], value["start"])
+        if not all(type(v) is str for v in texts) or not all(type(v) is int and v >= 0 for v in numbers):
+            raise ValueError("a process's description of wrong types")
+        return cls(**value)
+
+    def same_machine(self) -> bool:
+        """Whether it ran on this machine, in this PID namespace, since its last boot: :meth:`running` is sure."""
+        return bool(self.boot) and (self.boot, self.pidns) == (machine.boot_id(), machine.pid_namespace())
+
+    def running(self) -> bool | None:
+        """Whether it runs now (a zombie counts as ended); None where this process cannot tell (another machine)."""
+        if not self.same_machine():
+            return None
+        return machine.running(self.pid, self.start)
+
+
+def silent_after() -> float:
+    """Seconds after its last frame that a process of another machine is taken for dead: $WALBUF_DEAD_AFTER, else 600.
+
+    It must be longer than any pause of a live process (a job suspended by
+    the scheduler, a node swapping) plus the clock difference between
+    hosts; a process judged dead too early makes a sync finish its run while
+    it may still log (the run is running again once it does).
+    """
+    text = os.environ.get(ENV_DEAD_AFTER)
+    if not text:
+        return DEFAULT_DEAD_AFTER
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > HEARTBEAT or value == float("inf"):
+        raise ConfigError(
+            f"{ENV_DEAD_AFTER} must be a number of seconds over {HEARTBEAT:g} (the heartbeat of an idle process),"
+            f" not {text!r}"
+        )
+    return value
+
+
+def judged_running(process: Process, last_seen: float, now: float) -> bool:
+    """Whether ``process`` runs: for sure on this machine, else by whether it was heard of (``last_seen``, its last
+    frame's time) within :func:`silent_after` seconds of ``now``."""
+    running = process.running()
+    if running is not None:
+        return running
+    return now - last_seen < silent_after()

@@ -1,0 +1,236 @@
+"""Reading a log shard (frames one process appended, see walbuf.directory.frames), as untrusted input.
+
+Any host reads any log shard, live or not, and never writes it: the file is
+opened read-only, never through a link, and must be the buffer owner's.
+What a frame holds is checked before it is used: a writer, run, step axis,
+prefix and W&B target of the types walbuf writes, records and config entries
+of a writer the shard named before them. A frame that fails a check is
+:class:`BadFrame` (a sync reports the shard and reads nothing past it); a
+frame cut off or unreadable with nothing whole after it ends the shard for
+now (its process may be writing it, or died writing it).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import BufferCorruptError, ConfigError, StorageError
+from ..store import Target
+from ..store.target import check_target
+from . import frames
+from .appender import WriterEntry
+from .frames import Frame, FrameReader, Stop
+from .host import Process
+from .layout import Layout, Shard
+from .shard import ShardGone
+
+
+class BadFrame(BufferCorruptError):
+    """A whole frame of a shard that walbuf would not have written; nothing past it is read."""
+
+
+@dataclass(frozen=True)
+class Opened:
+    """A writer opened (or goes on) in the shard under ``local``."""
+
+    local: int
+    entry: WriterEntry
+    time: float
+
+
+@dataclass(frozen=True)
+class Logged:
+    local: int
+    step: int
+    time: float
+    metrics: str  # JSON text, as the writer encoded it (checked again when it is sent)
+
+
+@dataclass(frozen=True)
+class ConfigSet:
+    local: int
+    kind: str  # "config" or "summary"
+    time: float
+    entries: dict[str, str]  # key -> JSON text
+
+
+@dataclass(frozen=True)
+class Closed:
+    local: int
+    exit: int
+    time: float
+
+
+@dataclass(frozen=True)
+class Heard:
+    """A frame that says only that the process ran at ``time``: a heartbeat, or the shard's end (``end``)."""
+
+    time: float
+    end: bool = False
+
+
+@dataclass(frozen=True)
+class Started:
+    """The shard's first frame: the process that appends it."""
+
+    process: Process
+    time: float
+
+
+Event = Started | Opened | Logged | ConfigSet | Closed | Heard
+
+
+class LogShard:
+    """One log shard, open for reading. A context manager; the file is never written.
+
+    Raises ShardGone if it is not where it was listed (sealed or taken in
+    meanwhile), UntrustedPathError for a link or another account's file,
+    StorageError for any other failure to open it.
+    """
+
+    def __init__(self, layout: Layout, shard: Shard) -> None:
+        self.shard = shard
+        self.path: Path = shard.path
+        try:
+            self._fd = layout.owner.open(shard.path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise ShardGone(f"shard {shard.path} is gone (sealed or taken in meanwhile)") from None
+        except OSError as exc:
+            raise StorageError(
+                f"shard {shard.path} could not be opened ({exc.strerror}); nothing was taken from it"
+            ) from exc
+        # Pages of it this machine read before may be older than what another
+        # host appended since (a client without close-to-open consistency):
+        # read it as it is now.
+        try:
+            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass  # advice only: where it is refused, reading is as the filesystem gives it
+        self.offset = 0
+        self.stop: Stop = "end"
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+    def __enter__(self) -> LogShard:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def size(self) -> int:
+        return os.fstat(self._fd).st_size
+
+    def events(self, offset: int, known: set[int]) -> Iterator[tuple[Frame, Event]]:
+        """The events of the whole frames from ``offset`` on, each with its frame, checked.
+
+        ``known`` holds the local ids of the writers the shard named before
+        ``offset``; those it names from there on are added. Afterwards
+        :attr:`offset` is where reading stopped and :attr:`stop` why.
+        Raises BadFrame at a frame walbuf would not have written (:attr:`offset`
+        is then that frame's), StorageError if the file cannot be read.
+        """
+        reader = FrameReader(self._fd, offset)
+        self.offset = offset
+        try:
+            for frame in reader:
+                event = self._event(frame, known)
+                if isinstance(event, Opened):
+                    known.add(event.local)
+                yield frame, event
+                self.offset = frame.end
+        except OSError as exc:
+            raise StorageError(f"shard {self.path} could not be read ({exc.strerror}); nothing more was taken") from exc
+        self.stop = reader.stop
+
+    def _event(self, frame: Frame, known: set[int]) -> Event:
+        try:
+            if (frame.offset == 0) != (frame.kind == frames.PROCESS):
+                raise ValueError("a shard starts with the frame of its process, and has only one")
+            if frame.kind == frames.RECORD:
+                local, step, time, metrics = frame.record()
+                _known(local, known)
+                if step < 0 or not math.isfinite(time):
+                    raise ValueError("a record with a negative step or a time that is not a number")
+                return Logged(local, step, time, metrics)
+            if frame.kind == frames.ALIVE:
+                return Heard(_time(frame.alive()))
+            value = frame.json()
+            time = _time(value.get("time"))
+            if frame.kind == frames.PROCESS:
+                if value.get("format") != 1:
+                    raise ValueError(f"a shard of format {value.get('format')!r}, which this walbuf does not know")
+                return Started(Process.from_json(value.get("process")), time)
+            if frame.kind == frames.WRITER:
+                return Opened(_local(value.get("id")), _writer(value), time)
+            if frame.kind == frames.CONFIG:
+                local, kind, entries = _local(value.get("writer")), value.get("kind"), value.get("entries")
+                _known(local, known)
+                if kind not in ("config", "summary") or not isinstance(entries, dict):
+                    raise ValueError("a config frame of another kind or without entries")
+                if not all(type(k) is str and type(v) is str for k, v in entries.items()):
+                    raise ValueError("config entries that are not text")
+                return ConfigSet(local, kind, time, entries)
+            if frame.kind == frames.CLOSED:
+                local, code = _local(value.get("writer")), value.get("exit")
+                _known(local, known)
+                if code not in (0, 1) or type(code) is not int:
+                    raise ValueError("an exit code walbuf never writes")
+                return Closed(local, code, time)
+            return Heard(time, end=True)  # frames.END
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise BadFrame(
+                f"shard {self.path}: the frame at byte {frame.offset} is not one walbuf writes ({exc});"
+                " nothing past it is read"
+            ) from None
+
+
+def _time(value: object) -> float:
+    if type(value) not in (int, float) or not math.isfinite(value):  # type: ignore[arg-type]
+        raise ValueError("a time that is not a number")
+    return float(value)  # type: ignore[arg-type]
+
+
+def _local(value: object) -> int:
+    if type(value) is not int or not 0 < value < 2**32:
+        raise ValueError("a writer id that is not a positive int")
+    return value
+
+
+def _known(local: int, known: set[int]) -> None:
+    if local not in known:
+        raise ValueError(f"writer {local}, which the shard did not name before")
+
+
+def _writer(value: dict[str, object]) -> WriterEntry:
+    names = [value.get(k) for k in ("run", "name", "step_axis", "host")]
+    prefix, pid, target = value.get("prefix"), value.get("pid"), value.get("target")
+    if not all(type(v) is str and v for v in names) or type(prefix) is not str:
+        raise ValueError("a writer whose names are not text")
+    if type(pid) is not int or not isinstance(target, list) or len(target) != 3:
+        raise ValueError("a writer whose pid or W&B target is of a wrong type")
+    if not all(v is None or type(v) is str for v in target):
+        raise ValueError("a W&B target that is not text")
+    wandb_target = Target(*target)
+    try:
+        check_target(wandb_target)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    run, name, axis, host = (str(v) for v in names)
+    return WriterEntry(run, name, axis, prefix, host, pid, wandb_target)
+
+
+def first_process(layout: Layout, shard: Shard) -> Process | None:
+    """The process a log shard names in its first frame; None if that frame is not whole yet (just made, or cut off).
+
+    Raises ShardGone, BadFrame for a first frame walbuf would not write.
+    """
+    with LogShard(layout, shard) as log:
+        for _, event in log.events(0, set()):
+            assert isinstance(event, Started)  # events() checks that a shard starts so
+            return event.process
+    return None
