@@ -27,7 +27,8 @@ import walbuf
 from walbuf import doctor, prune
 from walbuf.directory.frames import END, FrameReader
 from walbuf.directory.host import ENV_DEAD_AFTER
-from walbuf.directory.layout import ENV_HOST, ENV_ROTATE
+from walbuf.directory.ingest import ingest
+from walbuf.directory.layout import ENV_HOST, ENV_ROTATE, Layout
 
 pytestmark = pytest.mark.slow  # real processes and syncs: not in the quick loop
 
@@ -98,7 +99,7 @@ def frames_of(path):
 
 
 OTHER_MACHINE = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
-"""A prefix that runs a process where a sync cannot see whether it runs (another machine): in a PID namespace of its own."""
+"""A prefix that runs a process where a sync cannot see whether it runs, as on another machine (its PID namespace)."""
 
 
 # -- writing ---------------------------------------------------------------------------
@@ -583,3 +584,23 @@ def test_a_damaged_sealed_shard_of_an_older_walbuf_is_set_aside_and_the_other_sh
     with on_host("login"):
         (finding,) = [f for f in doctor(directory).findings if not f.ok]
     assert "quarantine" in finding.detail and ".recover" in finding.advice
+
+
+def test_a_hub_that_fails_while_shards_are_taken_in_sets_no_shard_aside(directory):
+    log_on("a", directory, "ra", 3)
+    legacy = legacy_shard(directory, "b", "rb", 3, sealed=True)
+    layout = Layout(Path(directory))
+    hub = walbuf.open_buffer(directory).open_store("create")
+    with hub:
+        # The hub's records table damaged from outside: its first insert fails as "malformed".
+        conn = sqlite3.connect(layout.hub)
+        (root,) = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'records'").fetchone()
+        (size,) = conn.execute("PRAGMA page_size").fetchone()
+        conn.close()
+        with open(layout.hub, "r+b") as f:
+            f.seek((root - 1) * size)
+            f.write(b"\xee" * size)
+        with pytest.raises(walbuf.BufferCorruptError, match="hub.db"):
+            ingest(layout, hub, "s")
+    assert not (Path(directory) / "quarantine").exists()  # neither shard is blamed for the hub's damage
+    assert legacy.exists() and len(files(directory, "sealed")) == 1

@@ -114,6 +114,9 @@ class DatabaseBuffer:
         """Whether a syncer holds the sync lock now. Changes nothing."""
         return self.backend.lock_held("sync")
 
+    def take_over_sync(self) -> None:
+        pass  # every host that reaches the database may sync it
+
     def writer_alive(self, run: str, writer: str) -> bool:
         """Whether a process holds ``writer`` of ``run`` open now. Changes nothing."""
         return self.backend.writer_held(writer_lock_name(run, writer))
@@ -272,6 +275,11 @@ class Buffer(Protocol):
 
     def sync_lock(self) -> Lock:
         """The lock only one syncer of the buffer holds (taken by the caller)."""
+        ...
+
+    def take_over_sync(self) -> None:
+        """Make this host the one that syncs the buffer, where only one host may (a directory buffer on a filesystem
+        whose locks do not span hosts); nothing for other buffers. The caller holds the sync lock."""
         ...
 
     def sync_running(self) -> bool:

@@ -368,6 +368,7 @@ def _run_sync(
                 max_seconds=options["max_seconds"],
                 wait=options["wait"],
                 dry_run=dry_run,
+                take_over=options.get("take_over", False),
                 progress=shown.progress,
                 on_run=shown.on_run,
             )
@@ -426,13 +427,26 @@ def _run_sync(
     show_default=True,
     help="With --follow: seconds between passes.",
 )
-def sync(dry_run: bool, quiet: bool, verbose: bool, follow: bool, interval: float, **options: Any) -> None:
+@click.option(
+    "--take-over",
+    is_flag=True,
+    help=(
+        "Make this host the one that syncs BUFFER, where only one may (a directory buffer on a filesystem whose"
+        " locks do not span hosts): only once the other host syncs it no more."
+    ),
+)
+def sync(
+    dry_run: bool, quiet: bool, verbose: bool, follow: bool, interval: float, take_over: bool, **options: Any
+) -> None:
     """Replay BUFFER's records not yet synced into W&B, one shared-mode run per walbuf run.
 
     A record is marked synced only after W&B confirmed its upload. In W&B,
     writer W's metric K is logged as P/K, on the step axis P/<step_axis>,
     where the prefix P is W unless the writer set another ("": none).
     """
+    if take_over and (follow or dry_run):
+        raise click.UsageError("--take-over is for one sync: run `walbuf sync --take-over BUFFER` once, on its own")
+    options["take_over"] = take_over
     if follow:
         _follow(options, interval, quiet=quiet, verbose=verbose, dry_run=dry_run)
         return
@@ -463,8 +477,8 @@ def sync(dry_run: bool, quiet: bool, verbose: bool, follow: bool, interval: floa
         click.echo(f"  and {result.not_in_hub} records of shards not yet in the hub, which a sync copies in first")
     if result.unreadable_shards:
         click.echo(
-            f"  {result.unreadable_shards} live shards of other hosts are not readable from here"
-            " until they are sealed (see walbuf status)"
+            f"  {result.unreadable_shards} live shards of an older walbuf on other hosts are not readable from"
+            " here until they are sealed (see walbuf status)"
         )
     if result.needs_a_person:
         sys.exit(exitcodes.QUARANTINED.code)

@@ -66,7 +66,8 @@ class BufferNotFoundError(StorageError):
 
 
 class BufferUnavailableError(StorageError):
-    """The database server of a PostgreSQL buffer cannot be reached. Nothing was written."""
+    """The buffer cannot be read or written now, and a later attempt can: its PostgreSQL server cannot be reached,
+    or (a directory buffer's hub) another host's sync is changing it. Nothing was written."""
 
 
 class BufferNotWritableError(StorageError):
@@ -129,6 +130,11 @@ class TargetRefusedError(ConfigError):
 
 class SyncLockedError(WalbufError):
     """Another syncer of the same buffer is running."""
+
+
+class SyncHostError(ConfigError):
+    """A directory buffer on a filesystem whose locks do not span hosts is synced from another host. Nothing was
+    changed."""
 
 
 class UploadError(WalbufError):

@@ -34,45 +34,20 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from .. import expiry
-from ..errors import BufferFullError, BufferNotWritableError, StorageError
+from ..errors import BufferFullError, BufferNotWritableError, ConfigError, StorageError
 from ..store.claims import Claims, Conflict
-from ..store.target import Target
 from ..store.trust import fsync
 from . import frames
-from .host import HEARTBEAT, Process
-from .layout import Layout, rotate_seconds
+from .frames import WriterEntry
+from .host import HEARTBEAT, Process, judged_running
+from .layout import ENV_HOST, Layout, rotate_seconds
+from .log_shard import first_process
+from .shard import ShardError, ShardGone
 
 _log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class WriterEntry:
-    """A writer as its frame names it: what a shard's reader needs to know of the writer of a record."""
-
-    run: str
-    name: str
-    step_axis: str
-    prefix: str
-    host: str
-    pid: int
-    target: Target
-
-    def to_json(self, local: int, now: float) -> dict[str, object]:
-        return {
-            "id": local,
-            "run": self.run,
-            "name": self.name,
-            "step_axis": self.step_axis,
-            "prefix": self.prefix,
-            "host": self.host,
-            "pid": self.pid,
-            "target": [self.target.wandb_id, self.target.project, self.target.entity],
-            "time": now,
-        }
 
 
 class ProcessShard:
@@ -109,6 +84,7 @@ class ProcessShard:
         """Keep the shard (opened now if it is not) until a matching :meth:`let_go`."""
         with self._lock:
             if self._fd < 0:
+                _check_host_name(self.layout, self.host)
                 self._open_new()
             if not self._beating:
                 self._beating = True
@@ -306,6 +282,32 @@ class ProcessShard:
                 except StorageError as exc:
                     _log.warning("could not note in shard %s that this process runs: %s", self._path, exc)
             self._heartbeat_later()
+
+
+def _check_host_name(layout: Layout, host: str) -> None:
+    """Raise ConfigError, before anything is written, if another machine appends to shards under ``host`` now.
+
+    Two machines given one host name (a copied job script, containers that
+    share a hostname) would each take the other's shards for their own
+    machine's; their records would stay apart (each process has a shard of
+    its own), but what status and doctor say of that host would mix them.
+    """
+    now = time.time()
+    for shard in layout.shards("live", host):
+        if shard.format != "log":
+            continue
+        try:
+            other = first_process(layout, shard)
+            heard = os.lstat(shard.path).st_mtime
+        except (ShardGone, FileNotFoundError, ShardError):
+            continue  # sealed meanwhile, or not a shard walbuf wrote: not a machine's
+        if other is None or other.same_machine() or not judged_running(other, max(heard, 0.0), now):
+            continue
+        raise ConfigError(
+            f"host name {host!r} is in use by another machine: process {other.pid} there appended to"
+            f" {shard.path} {max(0.0, now - heard):.0f}s ago; give each machine (or container) its own"
+            f" {ENV_HOST}, e.g. {ENV_HOST}={host}-2 (nothing was written)"
+        )
 
 
 _shards: dict[tuple[Path, str], ProcessShard] = {}

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from ..errors import BufferCorruptError, BufferNotFoundError, NotABufferError, StorageError
+from ..errors import BufferNotFoundError, NotABufferError, StorageError
 from ..record import Record
 from ..store import Access, Durability, Storage
 from ..store.backend import Lock, WriterLock
@@ -31,14 +31,16 @@ from ..store.schema import log_cursors, log_writers, runs, writers
 from ..store.sqlite import SQLiteBackend
 from ..store.storage import ConfigKind, stored_metrics, writer_lock_name
 from ..store.target import Target
-from .appender import ProcessShard, WriterEntry, process_shard
+from .appender import ProcessShard, process_shard
+from .frames import WriterEntry
 from .host import Process, judged_running
 from .ingest import hub_cursors, in_hub, ingest, pending_in
 from .layout import MARKER, Layout, Shard, host_name
 from .log_ingest import cursor_of, named_writers
 from .log_shard import Heard, Logged, LogShard, Opened, Started
 from .sealing import seal_unused
-from .shard import ShardGone, ShardReader, last_step
+from .shard import ShardError, ShardGone, ShardReader, last_step
+from .sync_host import claim, written_elsewhere
 
 _log = logging.getLogger(__name__)
 
@@ -89,13 +91,25 @@ class DirectoryBuffer:
         return hub_backend(layout or self.layout)
 
     def open_store(self, access: Access) -> Storage | None:
-        """The hub; None if no sync has made it yet (only "create" makes it)."""
+        """The hub; None if no sync has made it yet (only "create" makes it).
+
+        Read on a host that does not sync the buffer, on a filesystem whose
+        locks do not span hosts, a read that meets a sync's write under way
+        there raises BufferUnavailableError (retry), not "damaged".
+        """
         layout = self.layout
         if access == "create":
             layout.make()
         elif layout.owner.entry(layout.hub) is None:
             return None
-        return Storage(self._hub(layout), access=access, durability="fsync")
+        backend = hub_backend(layout)
+        if access == "read":
+            backend.written_by = written_elsewhere(layout)
+        return Storage(backend, access=access, durability="fsync")
+
+    def take_over_sync(self) -> None:
+        """Make this host the one that syncs the buffer, where only one may (see walbuf.directory.sync_host)."""
+        claim(self.layout, take_over=True)
 
     def sync_lock(self) -> Lock:
         return self._hub().lock("sync")
@@ -141,9 +155,13 @@ class DirectoryBuffer:
         quarantine/) and what was not opened (see Layout.strangers), a
         message each: the others went on. ``stop`` ends the copying early
         (see walbuf.directory.ingest). The hub is checked whole for damage
-        unless ``check`` is off. The caller holds the sync lock.
+        unless ``check`` is off. Raises SyncHostError, with nothing changed,
+        on a host that may not sync the buffer (walbuf.directory.sync_host).
+        The caller holds the sync lock.
         """
         layout = self.layout
+        layout.make()
+        claim(layout)  # where locks do not span hosts: only the sync host goes on
         hub = self.open_store("create")
         assert hub is not None
         try:
@@ -206,7 +224,7 @@ class DirectoryBuffer:
                     missing = self.not_in_hub(shard, hub)
                 except ShardGone:
                     continue  # sealed since the listing: the next look counts it
-                except (BufferCorruptError, NotABufferError) as exc:
+                except ShardError as exc:
                     out.append(Backlog(shard, None, str(exc)))
                     continue
                 refused = cursor_of(hub, shard.id).refused if shard.format == "log" else None
@@ -241,13 +259,13 @@ class DirectoryBuffer:
         with hub:
             try:
                 return all(s.format == "log" and not _log_pending(layout, hub, s) for s in waiting)
-            except (ShardGone, BufferCorruptError):
+            except (ShardGone, ShardError):
                 return False  # moved meanwhile, or refused: not all there
 
     def not_in_hub(self, shard: Shard, hub: Storage | None) -> int:
         """How many of a shard's records ``hub`` (this buffer's, open; None: not made yet) lacks.
 
-        Raises BadFrame (a BufferCorruptError) for a log shard that holds a
+        Raises BadFrame (a ShardError) for a log shard that holds a
         frame walbuf would not write before its end, ShardGone for one that
         moved since it was listed.
         """
@@ -483,7 +501,7 @@ def _log_records(
     except ShardGone:
         sealed = layout.sealed_as(shard)
         if sealed is None:
-            raise
+            return  # sealed by another host, and not listed here yet: the next look reads it
         log = LogShard(layout, sealed)
     with log:
         for _, event in log.events(cursor.offset, set(names)):

@@ -30,6 +30,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ..store.target import Target
+
 MAGIC = b"\xa7\x1f"
 _HEAD = struct.Struct("<2sBBII")
 HEAD_SIZE = _HEAD.size  # 12
@@ -50,6 +52,32 @@ KINDS = frozenset({PROCESS, WRITER, RECORD, CONFIG, CLOSED, ALIVE, END})
 
 _RECORD_HEAD = struct.Struct("<Iqd")  # writer's local id, step, time
 _ALIVE = struct.Struct("<d")
+
+
+@dataclass(frozen=True)
+class WriterEntry:
+    """A writer as its frame names it: what a shard's reader needs to know of the writer of a record."""
+
+    run: str
+    name: str
+    step_axis: str
+    prefix: str
+    host: str
+    pid: int
+    target: Target
+
+    def to_json(self, local: int, now: float) -> dict[str, object]:
+        return {
+            "id": local,
+            "run": self.run,
+            "name": self.name,
+            "step_axis": self.step_axis,
+            "prefix": self.prefix,
+            "host": self.host,
+            "pid": self.pid,
+            "target": [self.target.wandb_id, self.target.project, self.target.entity],
+            "time": now,
+        }
 
 
 def frame(kind: int, body: bytes) -> bytes:

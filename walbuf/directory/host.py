@@ -36,6 +36,7 @@ class Process:
     """A process as a shard names it."""
 
     host: str  # its WALBUF_HOST name (what the shard is filed under)
+    machine: str  # the machine's id (/etc/machine-id), the same across its boots
     boot: str  # the machine's boot id (/proc/sys/kernel/random/boot_id): new at every boot
     pidns: str  # its PID namespace (/proc/self/ns/pid), as containers on one machine have their own
     pid: int
@@ -45,7 +46,9 @@ class Process:
     def this(cls, host: str) -> Process:
         """This process."""
         pid = os.getpid()
-        return cls(host, machine.boot_id(), machine.pid_namespace(), pid, machine.started(pid) or 0)
+        return cls(
+            host, machine.machine_id(), machine.boot_id(), machine.pid_namespace(), pid, machine.started(pid) or 0
+        )
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -53,9 +56,9 @@ class Process:
     @classmethod
     def from_json(cls, value: object) -> Process:
         """ValueError unless ``value`` is a Process's JSON as walbuf writes it."""
-        if not isinstance(value, dict) or set(value) != {"host", "boot", "pidns", "pid", "start"}:
+        if not isinstance(value, dict) or set(value) != {"host", "machine", "boot", "pidns", "pid", "start"}:
             raise ValueError("not a process's description")
-        texts = (value["host"], value["boot"], value["pidns"])
+        texts = (value["host"], value["machine"], value["boot"], value["pidns"])
         numbers = (value["pid"], value["start"])
         if not all(type(v) is str for v in texts) or not all(type(v) is int and v >= 0 for v in numbers):
             raise ValueError("a process's description of wrong types")
@@ -65,8 +68,14 @@ class Process:
         """Whether it ran on this machine, in this PID namespace, since its last boot: :meth:`running` is sure."""
         return bool(self.boot) and (self.boot, self.pidns) == (machine.boot_id(), machine.pid_namespace())
 
+    def ended_by_boot(self) -> bool:
+        """Whether its machine is this one, booted since: it ended for sure (a reboot ends every process)."""
+        return bool(self.machine) and self.machine == machine.machine_id() and self.boot != machine.boot_id()
+
     def running(self) -> bool | None:
         """Whether it runs now (a zombie counts as ended); None where this process cannot tell (another machine)."""
+        if self.ended_by_boot():
+            return False
         if not self.same_machine():
             return None
         return machine.running(self.pid, self.start)

@@ -38,14 +38,14 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from ..errors import BufferCorruptError, NotABufferError, TargetConflictError
+from ..errors import TargetConflictError
 from ..store import Storage, Target
 from ..store.schema import config_entries, records, runs, shard_cursors
 from ..store.target import merge_target
 from .layout import Layout, Shard
 from .log_ingest import ingest_log
 from .sealing import seal_ended
-from .shard import ReadStopped, ShardGone, ShardReader, ShardRecord, ShardWriter
+from .shard import ReadStopped, ShardError, ShardGone, ShardReader, ShardRecord, ShardWriter
 
 _log = logging.getLogger(__name__)
 
@@ -100,11 +100,16 @@ def ingest(layout: Layout, hub: Storage, host: str, stop: Callable[[], bool] | N
         except ShardGone:
             # Its writers let go and it was sealed since the listing: take it in from sealed/.
             sealed = layout.sealed_as(shard)
+            if sealed is None and shard.format == "log":
+                # Not listed there yet (another host sealed it, and this host's
+                # listing of sealed/ is older): the next sync takes it in.
+                _log.info("shard %s was sealed meanwhile; the next sync takes it in", shard.id)
+                continue
             if sealed is None:
                 raise
             shards.insert(0, sealed)  # now, before the newer shards its writers moved on to
             continue
-        except (BufferCorruptError, NotABufferError, TargetConflictError) as exc:
+        except (ShardError, TargetConflictError) as exc:  # the shard's fault; one of the hub's goes up
             if shard.format == "log":
                 left_out.append(str(exc))
             elif shard.state == "sealed":

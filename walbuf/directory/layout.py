@@ -8,6 +8,7 @@
       quarantine/...       SQLite shards a sync set aside (damaged, or refused), each with
                            HOST.GEN.db.why saying why: a person looks (see walbuf doctor)
       hub.db               what `walbuf sync` uploads from (rollback journal)
+      sync-host            the one host that syncs it, where locks do not span hosts
       locks/               writer ids and the syncer
 
 GEN is the shard's creation time in nanoseconds, HOST a name of letters,
@@ -60,10 +61,23 @@ _QUARANTINED = re.compile(rf"({HOST})\.({_GEN})\.db")
 _QUARANTINE_COMPANION = re.compile(rf"({HOST})\.({_GEN})\.db(-wal|-shm|\.why)")
 _LOCK = re.compile(r"(?:sync|migrate|writer-[0-9a-f]{24})\.lock")
 _ROOT = frozenset(
-    {MARKER, "hub.db", "hub.db-journal", "hub.db.wandb", "live", "sealed", "ingested", "quarantine", "locks"}
+    {
+        MARKER,
+        "hub.db",
+        "hub.db-journal",
+        "hub.db.wandb",
+        "live",
+        "sealed",
+        "ingested",
+        "quarantine",
+        "locks",
+        "sync-host",  # walbuf.directory.sync_host
+        "sync-host.new",
+    }
 )
-# An NFS client's name for a file removed while a process had it open: gone when it closes it.
-_NFS_SILLY = re.compile(r"\.nfs[0-9A-Fa-f]+")
+# What an NFS client (.nfsXXXX) or a FUSE filesystem (.fuse_hiddenXXXX, sshfs
+# say) names a file removed while a process had it open: gone when it closes it.
+_REMOVED_WHILE_OPEN = re.compile(r"\.nfs[0-9A-Fa-f]+|\.fuse_hidden[0-9A-Fa-f]+")
 
 ShardState = Literal["live", "sealed", "ingested"]
 ShardFormat = Literal["log", "sqlite"]
@@ -363,8 +377,8 @@ class Layout:
 
 
 def _names(folder: Path) -> list[tuple[str, Path]]:
-    """The names in ``folder`` (a checked folder), each with its path; NFS's transient names left out."""
-    return [(name, folder / name) for name in sorted(os.listdir(folder)) if not _NFS_SILLY.fullmatch(name)]
+    """The names in ``folder`` (a checked folder), each with its path; NFS's and FUSE's transient names left out."""
+    return [(name, folder / name) for name in sorted(os.listdir(folder)) if not _REMOVED_WHILE_OPEN.fullmatch(name)]
 
 
 def _unknown(path: Path) -> str:

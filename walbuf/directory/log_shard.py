@@ -18,18 +18,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import BufferCorruptError, ConfigError, StorageError
+from ..errors import ConfigError, StorageError
 from ..store import Target
 from ..store.target import check_target
 from . import frames
-from .appender import WriterEntry
-from .frames import Frame, FrameReader, Stop
+from .frames import Frame, FrameReader, Stop, WriterEntry
 from .host import Process
 from .layout import Layout, Shard
-from .shard import ShardGone
+from .shard import ShardError, ShardGone
 
 
-class BadFrame(BufferCorruptError):
+class BadFrame(ShardError):
     """A whole frame of a shard that walbuf would not have written; nothing past it is read."""
 
 

@@ -25,13 +25,13 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import BufferCorruptError, StorageError
+from ..errors import StorageError
 from ..store.flock import held
 from ..store.sqlite import COMPANIONS, failure, harden
 from ..store.trust import Owner, fsync
 from .layout import Layout, Shard
 from .log_shard import first_process
-from .shard import ShardGone
+from .shard import ShardError, ShardGone
 
 _log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ def seal_ended(layout: Layout) -> list[Path]:
             continue
         try:
             process = first_process(layout, shard)
-        except (ShardGone, BufferCorruptError):
+        except (ShardGone, ShardError):
             continue
         if process is None or process.running() is not False:
             continue  # it runs, or its machine is another: not this sync's to judge

@@ -6,7 +6,7 @@ may read a sealed shard and nothing is ever written to one.
 
 Only a shard that provably holds no tables is empty (a writer that died
 before making them leaves such a file); any other error while reading is
-raised, as BufferCorruptError for a damaged file and StorageError for the
+raised, as ShardError for a damaged file and StorageError for the
 rest (an I/O error, a file that cannot be opened), never taken for the end
 of the data.
 """
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-from ..errors import BufferCorruptError, ConfigError, SchemaTooNewError, StorageError
+from ..errors import BufferCorruptError, ConfigError, NotABufferError, SchemaTooNewError, StorageError
 from ..store import Target
 from ..store.schema import KNOWN_REVISIONS, check_objects, foreign_objects
 from ..store.sqlite import COMPANIONS, failure, harden
@@ -39,6 +39,11 @@ ShardRecord = tuple[int, int, int, float, str]
 """(id, writer id, step, time, metrics JSON) of a record, as the shard holds it."""
 
 _REQUIRED = frozenset({"alembic_version", "runs", "writers", "records"})
+
+
+class ShardError(BufferCorruptError):
+    """A shard (never the hub) is damaged, or holds what walbuf would not write: a sync reports it or sets it aside,
+    and goes on with the others."""
 
 
 class ShardGone(StorageError):
@@ -82,7 +87,7 @@ class ShardReader:
     walbuf.store.trust); the database must hold walbuf's tables and nothing
     else (no trigger, no view), at a schema revision this walbuf knows; every
     row read is checked to be of the types walbuf writes, naming writers the
-    shard has. What fails raises BufferCorruptError or NotABufferError (a
+    shard has. What fails raises ShardError (a
     sync sets such a shard aside), SchemaTooNewError, or StorageError for
     what is not about the shard (an I/O error). A value over
     MAX_VALUE_BYTES is not read. ``stop``, if given, is asked every
@@ -113,7 +118,10 @@ class ShardReader:
                 self._conn.execute("BEGIN")
                 objects = self._conn.execute("SELECT type, name, tbl_name FROM sqlite_master").fetchall()
                 self._tables = {name for kind, name, _ in objects if kind == "table"}
-                self._check_schema(objects)
+                try:
+                    self._check_schema(objects)
+                except NotABufferError as exc:  # a trigger or view: the shard's, not the hub's
+                    raise ShardError(str(exc)) from None
         except BaseException:
             self._conn.close()
             raise
@@ -156,7 +164,7 @@ class ShardReader:
         check_objects(foreign_objects(objects), f"shard {self.path}")
         if not _REQUIRED.issubset(self._tables):
             missing = ", ".join(sorted(_REQUIRED - self._tables))
-            raise BufferCorruptError(f"shard {self.path} lacks walbuf's tables ({missing})")
+            raise ShardError(f"shard {self.path} lacks walbuf's tables ({missing})")
 
     def writers(self) -> dict[int, ShardWriter]:
         """The shard's writers by their shard id; {} for an empty shard."""
@@ -175,14 +183,14 @@ class ShardReader:
         for row in rows:
             problem = _writer_problem(row)
             if problem is not None:
-                raise BufferCorruptError(f"shard {self.path} holds a writer walbuf would not have written: {problem}")
+                raise ShardError(f"shard {self.path} holds a writer walbuf would not have written: {problem}")
             found[row[0]] = ShardWriter(
                 row[0], row[1], row[2], row[3], row[4], row[5], Target(row[6], row[7], row[8]), row[9], row[10], row[11]
             )
         return found
 
     def check_rows(self, after: int) -> None:
-        """Raise BufferCorruptError naming the first record (past id ``after``) or config entry walbuf would not write.
+        """Raise ShardError naming the first record (past id ``after``) or config entry walbuf would not write.
 
         A record or entry must name a writer of the shard and hold values of
         the types walbuf writes (what each value is, the sync checks again).
@@ -204,12 +212,12 @@ class ShardReader:
                     " OR typeof(time) NOT IN ('integer', 'real') ORDER BY id LIMIT 1"
                 ).fetchone()
         if record is not None:
-            raise BufferCorruptError(
+            raise ShardError(
                 f"shard {self.path}: record {record[0]} names no writer of the shard, or holds values of types"
                 " walbuf does not write"
             )
         if entry is not None:
-            raise BufferCorruptError(
+            raise ShardError(
                 f"shard {self.path}: config entry {entry[0]} names no writer of the shard, or holds values of"
                 " types walbuf does not write"
             )
@@ -218,7 +226,7 @@ class ShardReader:
         """Each writer's records with ids above ``after[writer id]``, in the shard's order, in chunks.
 
         A chunk holds at most CHUNK records and about CHUNK_BYTES of their
-        metrics. A record of a writer not in ``after`` raises BufferCorruptError.
+        metrics. A record of a writer not in ``after`` raises ShardError.
         """
         if not after:
             return
@@ -234,7 +242,7 @@ class ShardReader:
                 for row in batch:
                     cursor = after.get(row[1])
                     if cursor is None:
-                        raise BufferCorruptError(f"shard {self.path}: record {row[0]} names no writer of the shard")
+                        raise ShardError(f"shard {self.path}: record {row[0]} names no writer of the shard")
                     if row[0] > cursor:
                         chunk.append(row)
                         size += len(row[4])
@@ -271,7 +279,7 @@ class ShardReader:
             ).fetchone()
         value = step[0] if step is not None else row[1]
         if value is not None and type(value) is not int:
-            raise BufferCorruptError(f"shard {self.path}: writer {writer!r} has a step that is not an int")
+            raise ShardError(f"shard {self.path}: writer {writer!r} has a step that is not an int")
         return value
 
     def _watch(self) -> Iterator[int]:
@@ -312,9 +320,9 @@ class ShardReader:
     def _error(self, exc: sqlite3.Error) -> StorageError:
         message, kind = str(exc), failure(exc)
         if kind == "corrupt":
-            return BufferCorruptError(f"shard {self.path} is not a readable walbuf shard ({message})")
+            return ShardError(f"shard {self.path} is not a readable walbuf shard ({message})")
         if kind == "too big":
-            return BufferCorruptError(
+            return ShardError(
                 f"shard {self.path} holds a value over {MAX_VALUE_BYTES:,} bytes, which walbuf never writes"
             )
         return StorageError(f"shard {self.path} could not be read ({message}); nothing was taken from it")

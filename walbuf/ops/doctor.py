@@ -28,7 +28,9 @@ from ..directory.host import silent_after
 from ..directory.layout import Layout, Shard, host_name, rotate_seconds
 from ..directory.log_ingest import cursor_of
 from ..directory.log_shard import BadFrame
+from ..directory.mounts import coordination
 from ..directory.sealing import in_use
+from ..directory.sync_host import sync_host, written_elsewhere
 from ..errors import BufferNotFoundError, NotABufferError, StorageError, UntrustedPathError
 from ..store import Storage
 from ..store.backend import Backend
@@ -140,13 +142,15 @@ def _directory(findings: list[Finding], buffer: DirectoryBuffer) -> None:
         return
     for stranger in strangers:
         add(Finding("not opened", False, stranger.why, _UNTRUSTED_ADVICE))
+    _filesystem_findings(findings, layout)
     try:
         hub_there = layout.owner.entry(layout.hub) is not None
     except UntrustedPathError as exc:
         add(Finding("trust", False, str(exc), _UNTRUSTED_ADVICE))
         return
     if hub_there:
-        readable, revision = _file_findings(findings, layout.hub, layout.owner, journal="delete")
+        elsewhere = written_elsewhere(layout)
+        readable, revision = _file_findings(findings, layout.hub, layout.owner, journal="delete", written_by=elsewhere)
         if readable:
             _contents(findings, revision, buffer)
     else:
@@ -177,6 +181,17 @@ def _directory(findings: list[Finding], buffer: DirectoryBuffer) -> None:
     finally:
         if hub is not None:
             hub.close()
+
+
+def _filesystem_findings(findings: list[Finding], layout: Layout) -> None:
+    """The filesystem the buffer is on, whether hosts may take turns syncing it, and which host syncs it."""
+    verdict = coordination(layout.root)
+    if verdict.spans:
+        findings.append(Finding("filesystem", True, f"{verdict.why}: any host may sync it"))
+        return
+    named = sync_host(layout)
+    who = f"host {named.host} syncs it" if named else "the first host that syncs it will be its only syncer"
+    findings.append(Finding("filesystem", True, f"{verdict.why}: one host syncs it; {who}"))
 
 
 def _shard_finding(
@@ -324,9 +339,22 @@ def _connect(path: Path, owner: Owner, *, immutable: bool) -> sqlite3.Connection
     return conn
 
 
-def _file_findings(findings: list[Finding], path: Path, owner: Owner, journal: str = "wal") -> tuple[bool, str | None]:
-    """Integrity, journal mode and schema objects of a SQLite file; (whether it could be read, its schema revision)."""
+def _file_findings(
+    findings: list[Finding], path: Path, owner: Owner, journal: str = "wal", written_by: str | None = None
+) -> tuple[bool, str | None]:
+    """Integrity, journal mode and schema objects of a SQLite file; (whether it could be read, its schema revision).
+
+    ``written_by``: the host whose syncs write the file, where a read here
+    may meet a write under way there (see walbuf.directory.sync_host).
+    """
     add = findings.append
+    damaged = "copy the buffer aside, then `sqlite3 BUFFER .recover` into a new file"
+    unreadable = "restore the buffer from a copy; it is not readable"
+    if written_by is not None:
+        damaged = unreadable = (
+            f"host {written_by} syncs this buffer, and a read here may meet its write under way:"
+            f" run walbuf doctor on {written_by} before anything else"
+        )
     # Plain sqlite3, read-only: a damaged or too-new file must still be examined.
     # Without a -wal the file holds everything: read it immutable, which needs
     # no -shm (that a reader without write access could not create).
@@ -340,7 +368,7 @@ def _file_findings(findings: list[Finding], path: Path, owner: Owner, journal: s
         try:
             result = conn.execute("PRAGMA integrity_check").fetchall()
         except sqlite3.DatabaseError as exc:
-            add(Finding("integrity", False, str(exc), "restore the buffer from a copy; it is not readable"))
+            add(Finding("integrity", False, str(exc), unreadable))
             return False, None
         ok = result == [("ok",)]
         add(
@@ -348,7 +376,7 @@ def _file_findings(findings: list[Finding], path: Path, owner: Owner, journal: s
                 "integrity",
                 ok,
                 "ok" if ok else "; ".join(r[0] for r in result[:5]),
-                "" if ok else "copy the buffer aside, then `sqlite3 BUFFER .recover` into a new file",
+                "" if ok else damaged,
             )
         )
         mode = conn.execute("PRAGMA journal_mode").fetchone()[0]

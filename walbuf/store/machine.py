@@ -49,3 +49,16 @@ def running(pid: int, start: int) -> bool:
     """Whether the process ``pid`` that started at ``start`` (see :func:`started`) runs, not ended as a zombie."""
     fields = _stat_fields(pid)
     return fields is not None and int(fields[19]) == start and fields[0] not in (b"Z", b"X")
+
+
+def machine_id() -> str:
+    """This machine's id, the same across boots (systemd's /etc/machine-id); the boot id where it has none."""
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            with open(path) as file:
+                text = file.read().strip()
+        except OSError:
+            continue
+        if text:
+            return text
+    return boot_id()

@@ -17,6 +17,7 @@ from ..errors import (
     BufferCorruptError,
     BufferFullError,
     BufferNotWritableError,
+    BufferUnavailableError,
     ConfigError,
     StorageError,
 )
@@ -73,9 +74,19 @@ class SQLiteBackend(Backend):
     path: Path
 
     def __init__(
-        self, path: Path, *, locks: Path | None = None, journal: Journal = "wal", owner: Owner | None = None
+        self,
+        path: Path,
+        *,
+        locks: Path | None = None,
+        journal: Journal = "wal",
+        owner: Owner | None = None,
+        written_by: str | None = None,
     ) -> None:
         self.path = path
+        # The host whose syncs write this database, where that is another host
+        # whose locks and caches this one cannot trust: what is read here may
+        # be torn by its writes, and a retry reads it whole.
+        self.written_by = written_by
         self.url = sa.URL.create("sqlite", database=str(path))
         self.location = str(path)
         self.locks = locks if locks is not None else path.with_name(path.name + ".locks")
@@ -154,6 +165,12 @@ class SQLiteBackend(Backend):
                 database=f"file:{quote(str(self.path))}",
                 query={"mode": "ro", "immutable": "1", "uri": "true"},
             )
+        elif access == "read" and self.journal != "wal":
+            # Read-only at SQLite's level: it never rolls back a journal it
+            # finds (a transaction under way on another host, whose lock this
+            # host may not see, is not "hot"), nor writes anything else. (In
+            # WAL mode a read-only reader would leave a -wal and -shm behind.)
+            url = sa.URL.create("sqlite", database=f"file:{quote(str(self.path))}", query={"mode": "ro", "uri": "true"})
         engine = sa.create_engine(url, connect_args={"check_same_thread": False}, poolclass=sa.pool.NullPool)
         sa.event.listen(engine, "connect", on_connect)
         sa.event.listen(engine, "begin", on_begin)
@@ -302,12 +319,24 @@ class SQLiteBackend(Backend):
 
     def error(self, exc: BaseException | None) -> StorageError:
         path, message, kind = self.path, str(exc), failure(exc)
+        if self.written_by is not None and kind in ("busy", "corrupt", "read-only"):
+            return BufferUnavailableError(
+                f"{path} could not be read whole here ({message}): host {self.written_by}'s syncs write it, and"
+                " this filesystem's locks and caches do not span hosts, so a read here may meet a write under"
+                f" way there; retry, or run this on {self.written_by}"
+            )
         if kind == "busy":
             return BufferBusyError(
                 f"{path}: the database stayed locked past the busy timeout ({message});"
                 f" another process holds a long write transaction: find it with `fuser {path}`"
             )
         if kind == "read-only":
+            if getattr(exc, "sqlite_errorcode", None) == _SQLITE_READONLY_ROLLBACK:
+                return BufferUnavailableError(
+                    f"{path} holds the journal of a transaction under way or cut off (a sync, maybe on another"
+                    " host); reading changes nothing, so it was not rolled back: retry once that sync has"
+                    " ended (the next walbuf sync completes it or rolls it back)"
+                )
             if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_READONLY_DIRECTORY:
                 return self.not_writable(
                     f"{message}: SQLite cannot create {path.name}-shm in {path.parent},"
@@ -326,6 +355,8 @@ class SQLiteBackend(Backend):
             return BufferCorruptError(f"{path} is not a readable walbuf buffer ({message})")
         return StorageError(f"{path}: {message}")
 
+
+_SQLITE_READONLY_ROLLBACK = 776  # SQLITE_READONLY | (3 << 8): a hot journal a read-only connection may not roll back
 
 SQLiteFailure = Literal["busy", "read-only", "cannot open", "full", "corrupt", "too big", "interrupted", "other"]
 

@@ -64,6 +64,7 @@ def sync(
     max_seconds: float | None = None,
     wait: float = 0.0,
     dry_run: bool = False,
+    take_over: bool = False,
     progress: Callable[[int], None] | None = None,
     on_run: Callable[[RunSync], None] | None = None,
 ) -> SyncResult:
@@ -79,6 +80,11 @@ def sync(
     long to wait for another syncer of this buffer to finish before raising
     SyncLockedError. ``progress`` is called with the number of records sent
     since its last call; ``on_run`` before each run's upload starts.
+
+    A directory buffer on a filesystem whose locks do not span hosts is
+    synced from one host (walbuf.directory.sync_host): elsewhere this
+    raises SyncHostError, unless ``take_over`` makes this host that one
+    (say so only once the other host syncs it no more).
 
     Raises UploadError when W&B cannot be reached or fails: that run's
     records stay pending (runs synced before it in this call stay synced).
@@ -102,6 +108,8 @@ def sync(
     if dry_run:
         return _dry_run(located, run, overrides, mode, budget)
     with holding_sync_lock(located, wait):
+        if take_over:
+            located.take_over_sync()
         return sync_pass(located, run, overrides, mode, directory, budget, progress, on_run)
 
 
@@ -261,7 +269,7 @@ def _dry_run(buffer: Buffer, run: str | None, overrides: Target, mode: SyncMode,
     not_in_hub = sum(e.not_in_hub for e in backlog if e.not_in_hub is not None)
     unreadable = sum(1 for e in backlog if e.not_in_hub is None and e.refused is None)
     refused = (
-        *(f"the next sync sets shard {e.shard.id} aside: {e.refused}" for e in backlog if e.refused is not None),
+        *(f"shard {e.shard.id} is not taken in whole: {e.refused}" for e in backlog if e.refused is not None),
         *buffer.not_opened(),
     )
     return SyncResult(

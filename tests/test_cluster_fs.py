@@ -1,0 +1,230 @@
+"""Directory buffers on two mounts of one folder: whatever the filesystem shares between hosts, nothing is lost.
+
+Each test mounts one folder twice (tests/fsbed.py) as hosts A and B, with
+locks that span the mounts or stay per mount, kernel caches kept, no page
+cache at all, or sshfs. Processes of host B run in a PID namespace of their
+own, so that a sync on A can tell of them only what it could of another
+machine's. Uploads are asserted on what the W&B fake received.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import fsbed
+import pytest
+from conftest import rows_of, run_sync
+
+pytestmark = pytest.mark.slow  # mounts, real processes and syncs
+
+TESTS = Path(__file__).parent
+
+
+@pytest.fixture
+def bed(request, tmp_path):
+    fsbed.require()
+    with fsbed.mounted(tmp_path / "bed", request.param) as mounted:
+        yield mounted
+
+
+def buffer_on(side: Path) -> str:
+    return str(side / "buf") + "/"
+
+
+def sync_on_a(server, bed, *args, quiet=True, env=None):
+    return run_sync(server, buffer_on(bed.a), *args, env={"WALBUF_HOST": "hostA", **(env or {})}, quiet=quiet)
+
+
+def sync_on_b(server, bed, *args, env=None):
+    full = {**os.environ, **server.env(), "WALBUF_HOST": "hostB", **(env or {})}
+    return subprocess.run(
+        [*fsbed.ON_B, sys.executable, "-m", "walbuf", "sync", buffer_on(bed.b), "--quiet", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=full,
+    )
+
+
+def on_b(*command, env=None, **popen):
+    """A process of host B (its own PID namespace), on B's mount."""
+    return subprocess.Popen(
+        [*fsbed.ON_B, sys.executable, *command], env={**os.environ, "WALBUF_HOST": "hostB", **(env or {})}, **popen
+    )
+
+
+def the_run(server):
+    (fake_run,) = server.runs.values()
+    return fake_run
+
+
+def steps_of(fake_run, writer):
+    return [metrics["i"] for _, metrics in rows_of(fake_run, writer)]
+
+
+ALL_BEDS = list(fsbed.BEDS)
+
+
+@pytest.mark.parametrize("bed", ALL_BEDS, indirect=True)
+def test_records_a_host_logs_while_another_host_syncs_all_arrive_once(server, bed):
+    # B's writer goes on to new shards every half second; A syncs meanwhile.
+    writer = on_b(
+        str(TESTS / "rotating_writer.py"),
+        buffer_on(bed.b),
+        "rb",
+        env={"WALBUF_ROTATE_SECONDS": "0.5"},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert writer.stdout.readline() == "started\n"
+        for _ in range(3):
+            proc = sync_on_a(server, bed)
+            assert proc.returncode == 0, proc.stderr
+            assert the_run(server).complete is False  # B's writer is open
+    finally:
+        writer.stdin.close()
+    logged = int(writer.stdout.readline().split()[1])
+    assert writer.wait() == 0
+    proc = sync_on_a(server, bed)
+    assert proc.returncode == 0, proc.stderr
+    assert steps_of(the_run(server), "rb") == list(range(logged))  # every acknowledged record, once, in order
+    assert (the_run(server).complete, the_run(server).exit_code) == (True, 0)
+
+
+@pytest.mark.parametrize("bed", ["passfs-local"], indirect=True)
+def test_a_writer_open_on_another_host_keeps_its_run_running_until_it_closes(server, bed):
+    idle = on_b(
+        str(TESTS / "host_writer.py"),
+        buffer_on(bed.b),
+        "rb",
+        "3",
+        "stay",
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert idle.stdout.readline().strip() == "logged 3"
+    assert sync_on_a(server, bed).returncode == 0
+    assert steps_of(the_run(server), "rb") == [0, 1, 2]
+    assert the_run(server).complete is False  # its lock says nothing on A; its shard says it runs
+    idle.stdin.close()
+    assert idle.wait() == 0
+    assert sync_on_a(server, bed).returncode == 0
+    assert (the_run(server).complete, the_run(server).exit_code) == (True, 0)
+
+
+HOLD_HUB = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("PRAGMA cache_size=1")  # its changes spill into the file: its journal is hot to whoever sees no lock
+conn.execute("BEGIN IMMEDIATE")
+conn.execute("UPDATE runs SET project = 'changed by A'")
+conn.execute("UPDATE records SET step = step + 0")
+print("holding", flush=True)
+sys.stdin.read()
+conn.execute("COMMIT")
+print("committed", flush=True)
+"""
+
+
+@pytest.mark.parametrize("bed", ["passfs-local"], indirect=True)
+def test_reading_on_one_host_never_rolls_back_a_transaction_of_another_on_the_hub(server, bed):
+    subprocess.run(
+        [sys.executable, str(TESTS / "host_writer.py"), buffer_on(bed.a), "ra", "3000", "close"],
+        env={**os.environ, "WALBUF_HOST": "hostA"},
+        check=True,
+        capture_output=True,
+    )
+    assert sync_on_a(server, bed).returncode == 0  # the hub exists now
+    hub_a = Path(buffer_on(bed.a)) / "hub.db"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_HUB, str(hub_a)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline() == "holding\n"  # its journal is there; its lock is A's alone
+        status = on_b(
+            "-m", "walbuf", "status", buffer_on(bed.b), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        _, errors = status.communicate(timeout=120)
+        assert status.returncode == 69, errors  # retry later: reading changes nothing, it rolled nothing back
+        assert (bed.export / "buf" / "hub.db-journal").exists()
+    finally:
+        holder.stdin.close()
+    assert holder.stdout.readline() == "committed\n"
+    assert holder.wait() == 0
+    hub = sqlite3.connect(bed.export / "buf" / "hub.db")
+    try:
+        assert hub.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        assert hub.execute("SELECT project FROM runs").fetchall() == [("changed by A",)]
+    finally:
+        hub.close()
+
+
+@pytest.mark.parametrize("bed", ["passfs-local", "sshfs"], indirect=True)
+def test_where_locks_do_not_span_hosts_one_host_syncs_and_another_may_take_over(server, bed):
+    subprocess.run(
+        [sys.executable, str(TESTS / "host_writer.py"), buffer_on(bed.a), "ra", "3", "close"],
+        env={**os.environ, "WALBUF_HOST": "hostA"},
+        check=True,
+        capture_output=True,
+    )
+    assert sync_on_a(server, bed).returncode == 0  # A syncs it from now on
+    hub = (bed.export / "buf" / "hub.db").read_bytes()
+    proc = sync_on_b(server, bed)
+    assert proc.returncode == 78, proc.stderr
+    assert "synced from host hostA only" in proc.stderr and "fuse." in proc.stderr
+    assert (bed.export / "buf" / "hub.db").read_bytes() == hub  # nothing was changed
+    assert sync_on_b(server, bed, "--take-over").returncode == 0
+    assert sync_on_a(server, bed).returncode == 78  # B syncs it now
+    assert steps_of(the_run(server), "ra") == [0, 1, 2]
+
+
+@pytest.mark.parametrize("bed", ["passfs-span"], indirect=True)
+def test_hosts_take_turns_syncing_where_locks_are_known_to_span_them(server, bed):
+    spans = {"WALBUF_LOCKS_SPAN_HOSTS": "yes"}
+    for host, side in (("hostA", bed.a), ("hostB", bed.b)):
+        subprocess.run(
+            [sys.executable, str(TESTS / "host_writer.py"), buffer_on(side), f"r{host}", "3", "close"],
+            env={**os.environ, "WALBUF_HOST": host},
+            check=True,
+            capture_output=True,
+        )
+        assert sync_on_a(server, bed, env=spans).returncode == 0
+        proc = sync_on_b(server, bed, env=spans)
+        assert proc.returncode == 0, proc.stderr
+    assert steps_of(the_run(server), "rhostA") == [0, 1, 2] and steps_of(the_run(server), "rhostB") == [0, 1, 2]
+
+
+@pytest.mark.parametrize("bed", ["passfs-local"], indirect=True)
+def test_two_machines_given_one_host_name_are_refused_before_anything_is_written(bed):
+    first = subprocess.Popen(
+        [sys.executable, str(TESTS / "host_writer.py"), buffer_on(bed.a), "ra", "1", "stay"],
+        env={**os.environ, "WALBUF_HOST": "node1"},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert first.stdout.readline().strip() == "logged 1"
+        shards = sorted((bed.export / "buf" / "live").rglob("*"))
+        second = on_b(
+            "-c",
+            "import sys, walbuf; walbuf.Writer(sys.argv[1], writer='rb', run='exp')",
+            buffer_on(bed.b),
+            env={"WALBUF_HOST": "node1"},
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        _, errors = second.communicate(timeout=120)
+        assert second.returncode != 0
+        assert "host name 'node1' is in use by another machine" in errors
+        assert sorted((bed.export / "buf" / "live").rglob("*")) == shards
+    finally:
+        first.stdin.close()
+    assert first.wait() == 0
