@@ -40,8 +40,8 @@ USAGE = ExitCode(2, "bad command-line usage")
 QUARANTINED = ExitCode(
     3,
     "`sync` sent the rest, but W&B refuses some records or settings for good: they are quarantined"
-    " (`walbuf records --quarantined` shows them); or a damaged shard of a directory buffer was moved to"
-    " its quarantine/ folder (`walbuf doctor` says how to recover it)",
+    " (`walbuf records --quarantined` shows them); or a shard of a directory buffer is damaged or holds"
+    " what walbuf never writes, and was read only up to there (`walbuf doctor` says what to do)",
 )
 LOCKED = ExitCode(11, "another `walbuf sync` of this buffer is running", retry=True)
 DATAERR = ExitCode(
@@ -49,7 +49,10 @@ DATAERR = ExitCode(
 )
 NOINPUT = ExitCode(66, "the buffer does not exist")
 UNAVAILABLE = ExitCode(
-    69, "the buffer's PostgreSQL server cannot be reached, or had no connection to spare; retry later", retry=True
+    69,
+    "the buffer's PostgreSQL server cannot be reached, or had no connection to spare; or a directory buffer's"
+    " hub was being written by a sync (maybe on another host) as it was read; retry later",
+    retry=True,
 )
 TEMPFAIL = ExitCode(75, "W&B unreachable or failed: nothing was marked synced; retry later", retry=True)
 NOPERM = ExitCode(
@@ -62,7 +65,8 @@ SIGINT = ExitCode(130, "interrupted by Ctrl-C (SIGINT): nothing the cut-off uplo
 SIGTERM = ExitCode(143, "stopped by SIGTERM: nothing the cut-off upload sent is marked synced")
 CONFIG = ExitCode(
     78,
-    "an unusable setting, missing or refused W&B credentials, or a setting that conflicts with what the buffer holds",
+    "an unusable setting, missing or refused W&B credentials, a setting that conflicts with what the buffer holds,"
+    " or a directory buffer that another host syncs (where locks do not span hosts: `walbuf sync --take-over`)",
 )
 
 EXIT_CODES: tuple[ExitCode, ...] = (
