@@ -17,6 +17,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -604,3 +605,18 @@ def test_a_hub_that_fails_while_shards_are_taken_in_sets_no_shard_aside(director
             ingest(layout, hub, "s")
     assert not (Path(directory) / "quarantine").exists()  # neither shard is blamed for the hub's damage
     assert legacy.exists() and len(files(directory, "sealed")) == 1
+
+
+def test_a_wal_an_older_walbuf_left_without_its_shard_is_reported_by_sync_and_doctor(server, directory):
+    log_on("a", directory, "ra", 3)
+    leftover = Path(directory) / "live" / "old" / f"{time.time_ns():020d}.db-wal"
+    leftover.parent.mkdir(mode=0o700)
+    leftover.write_bytes(b"frames of records committed after the shard was sealed")
+    leftover.chmod(0o600)
+    proc = sync_on(server, "s", directory, quiet=False)
+    assert proc.returncode == 3 and "left without its shard" in proc.stderr, proc.stderr
+    assert steps_of(the_run(server), "ra") == [0, 1, 2]
+    with on_host("s"):
+        (finding,) = [f for f in doctor(directory).findings if not f.ok]
+    assert "left without its shard" in finding.detail
+    assert leftover.exists()

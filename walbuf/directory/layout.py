@@ -330,6 +330,7 @@ class Layout:
             return
         shards: list[Shard] = []
         refused: dict[int, Path] = {}  # an older walbuf's SQLite shard by its GEN -> a companion not trusted
+        companions: dict[int, Path] = {}
         for name, path in self._private_names(folder):
             shard, companion = _LIVE.fullmatch(name), _LIVE_COMPANION.fullmatch(name)
             if name == "rotate.lock":
@@ -339,7 +340,22 @@ class Layout:
                     refused[int(companion[1])] = path
             elif shard:
                 shards.append(Shard(host, int(shard[1]), path, "live"))
+            elif companion and companion[2] in ("-wal", "-journal"):
+                companions[int(companion[1])] = path
         self._keep(found, shards, refused)
+        databases = {s.gen for s in shards if s.format == "sqlite"}
+        for gen, path in companions.items():
+            if gen not in databases:
+                # What an older walbuf left where a sync of another host sealed a shard under its writers:
+                # records committed after that may be in it, and no sync reads them.
+                found.strangers.append(
+                    Stranger(
+                        path,
+                        f"{shown(path)} is left without its shard (an older walbuf sealed the shard while a"
+                        " process still wrote it): records in it reach no sync; keep it for a person, who can"
+                        " recover them with the shard from sealed/ or ingested/ (docs/directory-buffers.md)",
+                    )
+                )
 
     def _scan_filed(self, found: Scan, kind: ShardState, folder: Path, host: str | None) -> None:
         for name, path in _names(folder):
