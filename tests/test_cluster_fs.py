@@ -50,6 +50,16 @@ def sync_on_b(server, bed, *args, env=None):
     )
 
 
+def log_on(side, host, writer, n):
+    """A writer process of ``host`` (in this PID namespace) logs ``n`` records on mount ``side`` and closes."""
+    subprocess.run(
+        [sys.executable, str(TESTS / "host_writer.py"), buffer_on(side), writer, str(n), "close"],
+        env={**os.environ, "WALBUF_HOST": host},
+        check=True,
+        capture_output=True,
+    )
+
+
 def on_b(*command, env=None, **popen):
     """A process of host B (its own PID namespace), on B's mount."""
     return subprocess.Popen(
@@ -135,12 +145,7 @@ print("committed", flush=True)
 
 @pytest.mark.parametrize("bed", ["passfs-local"], indirect=True)
 def test_reading_on_one_host_never_rolls_back_a_transaction_of_another_on_the_hub(server, bed):
-    subprocess.run(
-        [sys.executable, str(TESTS / "host_writer.py"), buffer_on(bed.a), "ra", "3000", "close"],
-        env={**os.environ, "WALBUF_HOST": "hostA"},
-        check=True,
-        capture_output=True,
-    )
+    log_on(bed.a, "hostA", "ra", 3000)
     assert sync_on_a(server, bed).returncode == 0  # the hub exists now
     hub_a = Path(buffer_on(bed.a)) / "hub.db"
     holder = subprocess.Popen(
@@ -168,12 +173,7 @@ def test_reading_on_one_host_never_rolls_back_a_transaction_of_another_on_the_hu
 
 @pytest.mark.parametrize("bed", ["passfs-local", "sshfs"], indirect=True)
 def test_where_locks_do_not_span_hosts_one_host_syncs_and_another_may_take_over(server, bed):
-    subprocess.run(
-        [sys.executable, str(TESTS / "host_writer.py"), buffer_on(bed.a), "ra", "3", "close"],
-        env={**os.environ, "WALBUF_HOST": "hostA"},
-        check=True,
-        capture_output=True,
-    )
+    log_on(bed.a, "hostA", "ra", 3)
     assert sync_on_a(server, bed).returncode == 0  # A syncs it from now on
     hub = (bed.export / "buf" / "hub.db").read_bytes()
     proc = sync_on_b(server, bed)
@@ -189,12 +189,7 @@ def test_where_locks_do_not_span_hosts_one_host_syncs_and_another_may_take_over(
 def test_hosts_take_turns_syncing_where_locks_are_known_to_span_them(server, bed):
     spans = {"WALBUF_LOCKS_SPAN_HOSTS": "yes"}
     for host, side in (("hostA", bed.a), ("hostB", bed.b)):
-        subprocess.run(
-            [sys.executable, str(TESTS / "host_writer.py"), buffer_on(side), f"r{host}", "3", "close"],
-            env={**os.environ, "WALBUF_HOST": host},
-            check=True,
-            capture_output=True,
-        )
+        log_on(side, host, f"r{host}", 3)
         assert sync_on_a(server, bed, env=spans).returncode == 0
         proc = sync_on_b(server, bed, env=spans)
         assert proc.returncode == 0, proc.stderr

@@ -242,9 +242,10 @@ def test_writer_processes_on_several_hosts_all_arrive_once_in_order(server, dire
     assert files(directory, "sealed") == [] and len(files(directory, "ingested")) == 3
 
 
-def test_a_killed_writers_shard_is_sent_and_sealed_by_a_sync_on_its_machine(server, directory):
+def killed_writer(directory, *, prefix=()):
+    """The steps a writer on host k acknowledged before it was killed -9 (writer_loop.py, writer "victim")."""
     victim = subprocess.Popen(
-        [sys.executable, str(TESTS / "writer_loop.py"), directory],
+        [*prefix, sys.executable, str(TESTS / "writer_loop.py"), directory],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, ENV_HOST: "k"},
@@ -253,6 +254,11 @@ def test_a_killed_writers_shard_is_sent_and_sealed_by_a_sync_on_its_machine(serv
     acknowledged = [int(victim.stdout.readline()) for _ in range(25)]
     victim.send_signal(signal.SIGKILL)
     victim.wait()
+    return acknowledged
+
+
+def test_a_killed_writers_shard_is_sent_and_sealed_by_a_sync_on_its_machine(server, directory):
+    acknowledged = killed_writer(directory)
     assert sync_on(server, "s", directory).returncode == 0  # nothing of walbuf runs on k again
     sent = [step for step, _ in rows_of(the_run(server), "victim")]
     assert sent[: len(acknowledged)] == acknowledged  # every acknowledged record, in order
@@ -262,16 +268,7 @@ def test_a_killed_writers_shard_is_sent_and_sealed_by_a_sync_on_its_machine(serv
 
 
 def test_a_sync_never_changes_the_shard_of_a_process_on_another_machine_and_sends_its_records(server, directory):
-    victim = subprocess.Popen(
-        [*OTHER_MACHINE, sys.executable, str(TESTS / "writer_loop.py"), directory],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, ENV_HOST: "k"},
-    )
-    assert victim.stdout.readline().strip() == "ready"
-    acknowledged = [int(victim.stdout.readline()) for _ in range(25)]
-    victim.send_signal(signal.SIGKILL)
-    victim.wait()
+    acknowledged = killed_writer(directory, prefix=OTHER_MACHINE)
     (shard,) = (Path(directory) / "live" / "k").glob("*.log")
     before = shard.read_bytes()
     assert sync_on(server, "s", directory).returncode == 0
@@ -294,16 +291,7 @@ def test_a_writer_on_another_machine_silent_for_longer_than_the_dead_after_time_
 
 
 def test_doctor_says_a_dead_writers_shard_with_records_waiting_needs_a_sync(directory):
-    victim = subprocess.Popen(
-        [sys.executable, str(TESTS / "writer_loop.py"), directory],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, ENV_HOST: "k"},
-    )
-    assert victim.stdout.readline().strip() == "ready"
-    victim.stdout.readline()
-    victim.send_signal(signal.SIGKILL)
-    victim.wait()
+    killed_writer(directory)
     with on_host("s"):
         (finding,) = [f for f in doctor(directory).findings if not f.ok]
     assert finding.check.startswith("shard k.") and "ended without sealing it" in finding.detail

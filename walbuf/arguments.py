@@ -7,6 +7,7 @@ opened or written.
 from __future__ import annotations
 
 import math
+import os
 
 from .errors import ConfigError
 
@@ -25,3 +26,18 @@ def seconds(name: str, value: object, *, positive: bool = False) -> float:
     if positive and value == 0:
         raise ConfigError(f"{name} must be positive, not {value!r}")
     return float(value)
+
+
+def env_seconds(name: str, default: float, *, over: float = 0.0) -> float:
+    """The environment variable ``name`` as a number of seconds over ``over`` (inf allowed); ``default`` if unset or
+    empty; else ConfigError naming it."""
+    text = os.environ.get(name)
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > over:  # NaN too
+        raise ConfigError(f"{name} must be a number of seconds over {over:g}, not {text!r}")
+    return value

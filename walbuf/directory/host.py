@@ -23,7 +23,7 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..errors import ConfigError
+from ..arguments import env_seconds
 from ..store import machine
 
 ENV_DEAD_AFTER = "WALBUF_DEAD_AFTER"
@@ -89,19 +89,7 @@ def silent_after() -> float:
     hosts; a process judged dead too early makes a sync finish its run while
     it may still log (the run is running again once it does).
     """
-    text = os.environ.get(ENV_DEAD_AFTER)
-    if not text:
-        return DEFAULT_DEAD_AFTER
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > HEARTBEAT or value == float("inf"):
-        raise ConfigError(
-            f"{ENV_DEAD_AFTER} must be a number of seconds over {HEARTBEAT:g} (the heartbeat of an idle process),"
-            f" not {text!r}"
-        )
-    return value
+    return env_seconds(ENV_DEAD_AFTER, DEFAULT_DEAD_AFTER, over=HEARTBEAT)
 
 
 def judged_running(process: Process, last_seen: float, now: float) -> bool:

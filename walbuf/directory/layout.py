@@ -35,6 +35,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
+from ..arguments import env_seconds
 from ..errors import ConfigError, UntrustedPathError
 from ..store.backend import holding
 from ..store.flock import FileLock
@@ -95,17 +96,8 @@ def host_name() -> str:
 
 
 def rotate_seconds() -> float:
-    """How long the writers of a host share one live shard: $WALBUF_ROTATE_SECONDS, else 300."""
-    text = os.environ.get(ENV_ROTATE)
-    if not text:
-        return DEFAULT_ROTATE_SECONDS
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:  # NaN too
-        raise ConfigError(f"{ENV_ROTATE} must be a positive number of seconds, not {text!r}")
-    return value
+    """How long a process appends to one shard before it moves to a new one: $WALBUF_ROTATE_SECONDS, else 300."""
+    return env_seconds(ENV_ROTATE, DEFAULT_ROTATE_SECONDS)
 
 
 @dataclass(frozen=True)
