@@ -223,3 +223,42 @@ def test_two_machines_given_one_host_name_are_refused_before_anything_is_written
     finally:
         first.stdin.close()
     assert first.wait() == 0
+
+
+REOPEN = """
+import logging, sys, walbuf
+logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
+with walbuf.Writer(sys.argv[1], writer="ra", run="exp") as w:
+    print(w.last_step, w.log({"i": 1}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("bed", ["passfs-local"], indirect=True)
+def test_a_writer_starting_on_one_host_waits_out_a_transaction_of_another_on_the_hub(server, bed):
+    killed = subprocess.Popen(
+        [sys.executable, str(TESTS / "host_writer.py"), buffer_on(bed.a), "ra", "3000", "stay"],
+        env={**os.environ, "WALBUF_HOST": "hostA"},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert killed.stdout.readline().strip() == "logged 3000"
+    killed.kill()  # it notes no last step as it dies: the next holder of the id reads the shards and the hub
+    killed.wait()
+    assert sync_on_a(server, bed).returncode == 0
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_HUB, str(Path(buffer_on(bed.a)) / "hub.db")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline() == "holding\n"
+    writer = on_b("-c", REOPEN, buffer_on(bed.b), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in writer.stderr:
+        if "waiting for a sync's transaction" in line:  # it met A's journal, and rolled nothing back
+            break
+    holder.stdin.close()
+    assert holder.stdout.readline() == "committed\n" and holder.wait() == 0
+    out, errors = writer.communicate(timeout=120)
+    assert writer.returncode == 0, errors
+    assert out.split() == ["2999", "3000"]

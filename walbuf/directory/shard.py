@@ -13,15 +13,24 @@ of the data.
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-from ..errors import BufferCorruptError, ConfigError, NotABufferError, SchemaTooNewError, StorageError
+from ..errors import (
+    BufferBusyError,
+    BufferCorruptError,
+    ConfigError,
+    NotABufferError,
+    SchemaTooNewError,
+    StorageError,
+)
 from ..store import Target
 from ..store.schema import KNOWN_REVISIONS, check_objects, foreign_objects
 from ..store.sqlite import COMPANIONS, failure, harden
@@ -33,10 +42,13 @@ CHUNK_BYTES = 64 * 2**20  # ... and about this much of their metrics text (a rec
 # SQLite refuses to read a value longer than this from a shard ("string or blob
 # too big"): over any record walbuf writes (a history line of 10 MiB, 32 MiB of images).
 MAX_VALUE_BYTES = 64 * 2**20
+HUB_WAIT = 60.0  # seconds a writer's start waits for a sync's transaction on the hub (see _hub_last_step)
 PROGRESS_STEPS = 100_000  # SQLite VM steps between two looks at signals and the caller's stop
 
 ShardRecord = tuple[int, int, int, float, str]
 """(id, writer id, step, time, metrics JSON) of a record, as the shard holds it."""
+
+_log = logging.getLogger(__name__)
 
 _REQUIRED = frozenset({"alembic_version", "runs", "writers", "records"})
 
@@ -325,6 +337,8 @@ class ShardReader:
             return ShardError(
                 f"shard {self.path} holds a value over {MAX_VALUE_BYTES:,} bytes, which walbuf never writes"
             )
+        if kind in ("busy", "read-only"):  # a transaction under way (a hub's sync): read-only, this reader waits
+            return BufferBusyError(f"{self.path} is being written ({message}); nothing was taken from it, retry")
         return StorageError(f"shard {self.path} could not be read ({message}); nothing was taken from it")
 
 
@@ -357,6 +371,29 @@ def last_step(layout: Layout, host: str, run: str, writer: str, *, before: int) 
         if step is not None:
             return step
     if layout.owner.entry(layout.hub) is not None:
-        with ShardReader.of_hub(layout) as reader:
-            return reader.last_step(run, writer)
+        return _hub_last_step(layout, run, writer)
     return None
+
+
+def _hub_last_step(layout: Layout, run: str, writer: str) -> int | None:
+    """The writer's last step in the hub, read-only; a sync's transaction under way there (on any host) is waited for.
+
+    A reader that may not see the syncer's lock (locks per host) meets its
+    journal, or pages it is rewriting: read again until HUB_WAIT seconds
+    have passed, then BufferBusyError.
+    """
+    deadline = time.monotonic() + HUB_WAIT
+    pause = 0.01
+    while True:
+        try:
+            with ShardReader.of_hub(layout) as reader:
+                return reader.last_step(run, writer)
+        except (BufferBusyError, ShardError) as exc:
+            if time.monotonic() >= deadline:
+                raise BufferBusyError(
+                    f"{layout.hub} could not be read whole for {HUB_WAIT:g}s ({exc}): a sync (maybe on another"
+                    " host) is writing it; retry once it has ended"
+                ) from exc
+            _log.info("waiting for a sync's transaction on %s to end", layout.hub)
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
