@@ -14,11 +14,12 @@ its own. Here ``export/`` is mounted at ``A/`` and ``B/``:
   but its cache of directory listings, which would only delay by up to its
   20 s what a host sees of shards another host sealed).
 
-Processes of host B run in a PID namespace of their own (:data:`ON_B`): a
-sync on A can no more see whether they run than it could on another
-machine. Needs root, /dev/fuse, Debian's libfuse2, fuse3, sshfs and
-openssh-server (.ci/run installs them); without them, a test fails in CI and
-is skipped elsewhere.
+Processes of host B run as on another machine (:data:`ON_B`): in a PID
+namespace of their own, with host B's machine id and boot id, so that a
+sync on A can no more see whether they run than it could on another machine.
+Needs root, /dev/fuse, Debian's libfuse2, fuse3, sshfs and openssh-server
+(.ci/run installs them); without them, a test fails in CI and is skipped
+elsewhere.
 """
 
 from __future__ import annotations
@@ -36,8 +37,17 @@ from pathlib import Path
 import pytest
 
 PASSFS = Path(__file__).parent / "passfs.py"
-ON_B = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
-"""The prefix of a process of host B: a PID namespace of its own, as on another machine."""
+_ANOTHER_MACHINE = (
+    "mount -t tmpfs walbuf-host-b /mnt"
+    " && echo b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0 > /mnt/machine-id"
+    " && echo b0b0b0b0-0000-4000-8000-b0b0b0b0b0b0 > /mnt/boot_id"
+    " && { [ ! -e /etc/machine-id ] || mount --bind /mnt/machine-id /etc/machine-id; }"
+    " && mount --bind /mnt/boot_id /proc/sys/kernel/random/boot_id"
+    ' && exec "$@"'
+)
+ON_B = ["unshare", "--mount", "--pid", "--fork", "--mount-proc", "--kill-child", "sh", "-c", _ANOTHER_MACHINE, "b"]
+"""The prefix of a process of host B, as on another machine: its own PID namespace, and the machine id and
+boot id of host B (the same for every process of B), in a mount namespace of its own."""
 
 BEDS = {
     "passfs-span": ("passfs", ["--locks", "span"]),

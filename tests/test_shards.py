@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from conftest import as_reader, legacy_shard, rows_of, run_sync
+from fsbed import ON_B
 
 import walbuf
 from walbuf import doctor, prune
@@ -99,8 +100,7 @@ def frames_of(path):
         os.close(fd)
 
 
-OTHER_MACHINE = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
-"""A prefix that runs a process where a sync cannot see whether it runs, as on another machine (its PID namespace)."""
+OTHER_MACHINE = ON_B  # another machine (tests/fsbed.py): its own PID namespace, machine id and boot id
 
 
 # -- writing ---------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import pytest
 from conftest import rows_of, run_sql, run_sync
 
 import walbuf
+from walbuf.syncer.syncer import _this_process
 from walbuf.syncer.upload import READ_CHUNK
 
 pytestmark = [pytest.mark.backends("sqlite", "postgresql"), pytest.mark.slow]
@@ -559,19 +560,23 @@ def test_status_after_a_sync_that_finished_the_run_counts_the_records_it_sent(se
 
 @pytest.mark.backends("sqlite")
 def test_a_sync_removes_the_working_folders_that_syncers_killed_on_this_host_left(server, buffer, tmp_path):
-    import socket
+    from fsbed import ON_B
 
     cache = tmp_path / "cache" / "walbuf" / "sync"
     cache.mkdir(parents=True)
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    dead = cache / f"{socket.gethostname()}-{gone.stdout.strip()}-x1"  # a syncer killed with -9
-    living = cache / f"{socket.gethostname()}-{os.getpid()}-x2"  # this process: alive
-    elsewhere = cache / f"another-host-{gone.stdout.strip()}-x3"  # a shared home: another host's syncer
-    for folder in (dead, living, elsewhere):
+    name = "from walbuf.syncer.syncer import _this_process; print(_this_process())"
+    gone = subprocess.run([sys.executable, "-c", name], capture_output=True, text=True, check=True)
+    dead = cache / f"{gone.stdout.strip()}-x1"  # a syncer killed with -9
+    living = cache / f"{_this_process()}-x2"  # this process: alive
+    contained = subprocess.run([*ON_B, sys.executable, "-c", name], capture_output=True, text=True, check=True)
+    # A container's syncer (its own PID namespace, sharing this home folder): whether it runs, this host cannot tell.
+    container = cache / f"{contained.stdout.strip()}-x3"
+    elsewhere = cache / f"another-host-{gone.stdout.strip().partition('-')[2]}-x4"  # a shared home: another host's
+    for folder in (dead, living, container, elsewhere):
         folder.mkdir()
     log_records(buffer, "rank-0", 2)
     assert run_sync(server, buffer, env={"XDG_CACHE_HOME": str(tmp_path / "cache")}).returncode == 0
-    assert sorted(p.name for p in cache.iterdir()) == sorted([living.name, elsewhere.name])
+    assert sorted(p.name for p in cache.iterdir()) == sorted([living.name, container.name, elsewhere.name])
 
 
 def _count_hand_offs(monkeypatch):

@@ -301,8 +301,8 @@ def _check_host_name(layout: Layout, host: str) -> None:
             heard = os.lstat(shard.path).st_mtime
         except (ShardGone, FileNotFoundError, ShardError):
             continue  # sealed meanwhile, or not a shard walbuf wrote: not a machine's
-        if other is None or other.same_machine() or not judged_running(other, max(heard, 0.0), now):
-            continue
+        if other is None or other.on_this_machine() or not judged_running(other, max(heard, 0.0), now):
+            continue  # this machine's (any container of it), or ended
         raise ConfigError(
             f"host name {host!r} is in use by another machine: process {other.pid} there appended to"
             f" {shard.path} {max(0.0, now - heard):.0f}s ago; give each machine (or container) its own"

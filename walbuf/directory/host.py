@@ -68,6 +68,10 @@ class Process:
         """Whether it ran on this machine, in this PID namespace, since its last boot: :meth:`running` is sure."""
         return bool(self.boot) and (self.boot, self.pidns) == (machine.boot_id(), machine.pid_namespace())
 
+    def on_this_machine(self) -> bool:
+        """Whether it ran on this machine since its last boot, in any PID namespace (container) of it."""
+        return bool(self.boot) and (self.machine, self.boot) == (machine.machine_id(), machine.boot_id())
+
     def ended_by_boot(self) -> bool:
         """Whether its machine is this one, booted since: it ended for sure (a reboot ends every process)."""
         return bool(self.machine) and self.machine == machine.machine_id() and self.boot != machine.boot_id()

@@ -21,6 +21,7 @@ reports how many that may be.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -37,7 +38,7 @@ import sqlalchemy as sa
 from ..arguments import count, seconds
 from ..buffer import Buffer, Location, open_buffer
 from ..errors import ConfigError, SyncLockedError, UploadError
-from ..store import Storage, Target
+from ..store import Storage, Target, machine
 from ..store.schema import syncs
 from ..store.target import check_target
 from ..store.trust import Owner, make_folders
@@ -313,28 +314,34 @@ def _wandb_folder(storage: Storage, directory: str | os.PathLike[str] | None, mo
 
 
 def _this_process() -> str:
-    # The host too: a home folder on shared storage holds the folders of syncers of several hosts.
-    return f"{socket.gethostname()}-{os.getpid()}"
+    """This syncer, as its working folder is named: which folders are of syncers that ended, only it can tell.
+
+    A home folder on shared storage holds the folders of syncers of several
+    hosts, and containers of one machine that share it have PID namespaces
+    of their own: a pid names a process only with the machine's boot and
+    the namespace, and a reused pid is told apart by its start time.
+    """
+    pid = os.getpid()
+    return f"{socket.gethostname()}-{_namespace()}-{pid}-{machine.started(pid) or 0}"
+
+
+def _namespace() -> str:
+    """This boot and PID namespace, short: a folder of a syncer elsewhere never matches it."""
+    return hashlib.sha256(f"{machine.boot_id()}\0{machine.pid_namespace()}".encode()).hexdigest()[:12]
 
 
 def _remove_folders_of_killed_syncers(cache: str) -> None:
-    """Remove the working folders that syncers of this host killed with -9 could not: their process is gone."""
-    host = socket.gethostname() + "-"
+    """Remove the working folders that syncers killed with -9 could not: of this machine's boot and PID namespace,
+    whose process has ended for sure. Another's (another host, container or boot) is left alone."""
+    mine = f"{socket.gethostname()}-{_namespace()}-"
     for entry in os.scandir(cache):
-        pid = entry.name[len(host) :].partition("-")[0] if entry.name.startswith(host) else ""
-        if pid.isdigit() and not _alive(int(pid)) and entry.is_dir(follow_symlinks=False):
-            if entry.stat(follow_symlinks=False).st_uid == os.geteuid():  # our own: rmtree follows no link
-                shutil.rmtree(entry.path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another account's process
-    return True
+        if not entry.name.startswith(mine):
+            continue
+        pid, _, rest = entry.name[len(mine) :].partition("-")
+        start = rest.partition("-")[0]
+        if pid.isdigit() and start.isdigit() and not machine.running(int(pid), int(start)):
+            if entry.is_dir(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_uid == os.geteuid():
+                shutil.rmtree(entry.path, ignore_errors=True)  # our own: rmtree follows no link
 
 
 def _cache_folder() -> str:
