@@ -13,12 +13,14 @@ what stops it is walbuf's own checks (docs/security.md).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
 import stat
 import subprocess
 import sys
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -26,6 +28,7 @@ import pytest
 from conftest import legacy_shard, log_shard, rows_of, run_sync, writer_frame
 
 import walbuf
+from walbuf.store.storage import writer_lock_name
 
 pytestmark = pytest.mark.slow  # real processes, a second account
 
@@ -253,6 +256,72 @@ def test_a_link_planted_where_a_damaged_shards_note_goes_is_refused_and_its_targ
     assert proc.returncode == 77, proc.stdout
     assert "is a symbolic link" in proc.stdout and "needs a person" in proc.stdout
     assert shard.exists()  # not set aside: nothing was moved
+
+
+@pytest.mark.parametrize("where", ["scratch", "project"])
+def test_a_sqlite_buffer_in_a_folder_others_may_make_files_in_is_refused_and_nothing_is_written(
+    server, shared_folders, cotenant, where
+):
+    scratch, project = shared_folders
+    folder = scratch if where == "scratch" else project
+    buffer = folder / "exp.db"
+    before = sorted(folder.iterdir())
+    with pytest.raises(walbuf.UntrustedPathError, match="may make files: another account could put a -wal"):
+        walbuf.Writer(buffer, writer="trainer", run="exp")
+    assert sorted(folder.iterdir()) == before
+    # A buffer made elsewhere and moved there is refused as well, for reading and syncing.
+    private = Path(tempfile.mkdtemp(dir=folder.parent)) / "exp.db"
+    log(private)
+    os.replace(private, buffer)
+    try:
+        proc = cron(server, buffer)
+        assert proc.returncode == 77, proc.stdout
+        assert "may make files" in proc.stdout and server.runs == {}
+        assert walbuf_command("status", buffer).returncode == 77
+    finally:
+        buffer.unlink()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "directory"])
+def test_a_hard_link_of_another_file_in_a_buffer_is_never_written_through(server, tmp_path, victim, kind):
+    # Where a client without protected_hardlinks let a co-tenant link the owner's file in.
+    if kind == "sqlite":
+        buffer = tmp_path / "exp.db"
+        log(buffer)
+        planted = [Path(f"{buffer}-shm")]
+        location: object = buffer
+    else:
+        buffer = tmp_path / "exp"
+        log(str(buffer) + "/")
+        planted = [buffer / "locks" / f"{writer_lock_name('exp', 'other')}.lock", buffer / "locks" / "sync.lock"]
+        location = str(buffer) + "/"
+    for path in planted:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        os.link(victim, path)
+    with pytest.raises(walbuf.UntrustedPathError, match=r"names \(hard links\)"):
+        walbuf.Writer(location, writer="other", run="exp").log({"loss": 0.0})
+    proc = cron(server, buffer)
+    assert proc.returncode == 77, proc.stdout
+    assert "hard links" in proc.stdout
+    assert victim.read_text() == VICTIM_TEXT
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "directory"])
+def test_a_link_another_account_made_at_the_buffers_path_is_never_followed(
+    server, shared_folders, cotenant, tmp_path, kind
+):
+    scratch, _ = shared_folders
+    private = tmp_path / ("exp.db" if kind == "sqlite" else "exp")  # in a folder only the owner may enter
+    log(private if kind == "sqlite" else str(private) + "/")
+    lure = scratch / ("team-exp2.db" if kind == "sqlite" else "team-exp2")
+    plant(cotenant, f"ln -s {private} {lure}")
+    proc = cron(server, lure if kind == "sqlite" else f"{lure}/")
+    assert proc.returncode == 77, proc.stdout
+    assert "is a symbolic link of walbuf-cotenant" in proc.stdout
+    assert server.runs == {}  # the owner's private records went nowhere
+    with pytest.raises(walbuf.UntrustedPathError, match="symbolic link of walbuf-cotenant"):
+        walbuf.Writer(lure if kind == "sqlite" else f"{lure}/", writer="w", run="exp")
 
 
 # -- 2. a co-tenant never reads the owner's files through the owner's sync ----------------
@@ -609,12 +678,12 @@ def test_an_offline_sync_never_writes_through_a_linked_run_folder(shared_folders
 
 def test_a_wal_of_another_account_beside_a_buffer_is_never_read(shared_folders, cotenant):
     _, project = shared_folders
-    buffer = project / "exp.db"
+    buffer = project / "runs" / "exp.db"  # in a folder walbuf makes, owner-only
     live = walbuf.Writer(buffer, writer="trainer", run="exp")
     live.log({"loss": 0.5})
     try:
         wal = Path(f"{buffer}-wal")
-        os.chown(wal, cotenant.uid, cotenant.gid)  # a -wal the co-tenant swapped in (the folder is the group's)
+        os.chown(wal, cotenant.uid, cotenant.gid)  # a -wal of another account (root swaps it in for the test)
         proc = walbuf_command("records", buffer)
     finally:
         os.chown(wal, 0, 0)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ import sqlalchemy as sa
 
 from .directory import DirectoryBuffer
 from .directory.buffer import Backlog, Hold, SyncSource, check_directory
-from .errors import BufferNotFoundError, ConfigError, NotABufferError, StorageError
+from .errors import BufferNotFoundError, ConfigError, NotABufferError, StorageError, UntrustedPathError
 from .record import Record
 from .store import Access, Durability, Storage
 from .store.backend import Backend, Lock, WriterLock
@@ -38,6 +39,7 @@ from .store.schema import runs, writers
 from .store.sqlite import SQLiteBackend
 from .store.storage import ConfigKind, writer_lock_name
 from .store.target import Target
+from .store.trust import account, shown
 
 _log = logging.getLogger(__name__)
 
@@ -391,12 +393,45 @@ def _from_url(text: str, create: bool) -> Buffer:
 
 
 def _real(text: str) -> Path:
-    """The buffer's real path: links in what the user gave are followed here, once.
+    """The buffer's real path: symbolic links in what the user gave are followed here, once, if they are safe to.
 
     Its locks are keyed by it, so that two names of one buffer (a link to
     it) share them; inside the buffer nothing is a link (walbuf.store.trust).
+    A link on the way that another account made raises UntrustedPathError
+    (this account's and root's are followed): in a folder others may write
+    (sticky scratch) it could lead walbuf to a buffer of that account's
+    choosing, or the owner's own private buffer to where that account reads.
     """
-    return Path(os.path.realpath(Path(text).expanduser()))
+    given = Path(text).expanduser()
+    pending = list((given if given.is_absolute() else Path(os.getcwd()) / given).parts)
+    path, hops = Path(pending.pop(0)), 0
+    while pending:
+        part = pending.pop(0)
+        if part == "..":
+            path = path.parent  # ``path`` is real: its parent is where ".." leads
+            continue
+        candidate = path / part
+        try:
+            st = os.lstat(candidate)
+        except (FileNotFoundError, NotADirectoryError):
+            return Path(os.path.normpath(candidate.joinpath(*pending)))  # not there yet: a writer makes it
+        if not stat.S_ISLNK(st.st_mode):
+            path = candidate
+            continue
+        if st.st_uid not in (os.geteuid(), 0):
+            raise UntrustedPathError(
+                f"{shown(candidate)} is a symbolic link of {account(st.st_uid)}: walbuf follows a link to a"
+                " buffer only where this account or root made it, as another account's could lead it anywhere;"
+                " give the buffer's real path (see docs/security.md)"
+            )
+        hops += 1
+        if hops > 40:
+            raise ConfigError(f"{shown(text)}: too many symbolic links on the way to the buffer")
+        target = list(Path(os.readlink(candidate)).parts)
+        if target and Path(target[0]).is_absolute():
+            path = Path(target.pop(0))
+        pending = [*target, *pending]
+    return path
 
 
 def _sqlite_file(path: Path, create: bool) -> DatabaseBuffer:

@@ -104,13 +104,16 @@ class SQLiteBackend(Backend):
         return self.owner
 
     def check_files(self, access: Access) -> None:
-        """Raise unless the file and its companions (-wal, -shm, -journal) are the owner's files, none a link.
+        """Raise unless the file and its companions (-wal, -shm, -journal) are the owner's files, none a link, in a
+        folder where no other account may make files.
 
-        SQLite opens them by name: a link or another account's file there
-        would be read, or written, as the buffer. For writing, the owner
-        must be this process's account (BufferNotWritableError).
+        SQLite opens them by name, anew at each connection: a link or
+        another account's file there would be read, or written, as the
+        buffer. For writing, the owner must be this process's account
+        (BufferNotWritableError).
         """
         owner = self._owner(write=access != "read")
+        owner.shelter(self.path.parent, self.path)
         for suffix in ("", *COMPANIONS):
             owner.entry(Path(f"{self.path}{suffix}"))
 
@@ -122,8 +125,10 @@ class SQLiteBackend(Backend):
         owner granted (see walbuf.store.trust).
         """
         make_folders(self.path.parent)
+        owner = self._owner(write=True)
+        owner.shelter(self.path.parent, self.path)
         try:
-            fd = self._owner(write=True).open(self.path, os.O_WRONLY | os.O_EXCL, create=True)
+            fd = owner.open(self.path, os.O_WRONLY | os.O_EXCL, create=True)
         except FileExistsError:
             return  # another process made it first: checked like any other
         except OSError as exc:

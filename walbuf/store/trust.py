@@ -11,9 +11,10 @@ scratch), where other accounts may create files. The rules
   (:meth:`Owner.of` with ``write``); any account that may read a buffer may
   read it.
 - Inside a buffer walbuf acts only on files and folders of its owner. One of
-  another account, a symbolic link, or a file or folder that others may
-  write raises UntrustedPathError, naming it, its owner and what to do; it is
-  never opened, followed or written.
+  another account, a symbolic link, a file with more than one name (a hard
+  link), or a file or folder that others may write raises
+  UntrustedPathError, naming it, its owner and what to do; it is never
+  opened, followed or written.
 - What walbuf makes is owner-only (folders 0700, files 0600) whatever the
   umask, plus the read bits the owner gave the root: ``chmod g+rX`` on a
   buffer grants a group read access on purpose, to what is there and to
@@ -117,6 +118,12 @@ class Owner:
         is_kind = stat.S_ISDIR(st.st_mode) if kind == "folder" else stat.S_ISREG(st.st_mode)
         if not is_kind:
             raise UntrustedPathError(f"{shown(path)} is not a {kind}, where walbuf keeps a {kind}: remove it")
+        if kind == "file" and st.st_nlink > 1:
+            raise UntrustedPathError(
+                f"{shown(path)} has {st.st_nlink} names (hard links): what walbuf wrote there would change a file"
+                " elsewhere too, maybe one another account linked in; find its other names"
+                f" (`find / -samefile {shown(path)}`) and remove the one that does not belong (see docs/security.md)"
+            )
         if st.st_mode & OTHERS_WRITE:
             who = {0o020: "its group", 0o002: "every account"}.get(
                 st.st_mode & OTHERS_WRITE, "its group and every account"
@@ -126,6 +133,29 @@ class Owner:
                 f" could change what walbuf reads from it; make the buffer private with `chmod -R go-w {shown(path)}`"
                 " (see docs/security.md)"
             )
+
+    def shelter(self, folder: Path, what: Path) -> None:
+        """Raise UntrustedPathError unless only the owner (or root) may make names in ``folder``, where ``what`` is.
+
+        SQLite opens a database's -wal, -shm and -journal by name, anew at
+        each connection: in a folder another account may write (a group
+        project folder, sticky scratch), it could put a file of its own
+        there between two connections, which would be read or written as
+        the buffer. Changes nothing.
+        """
+        st = os.stat(folder)
+        if st.st_uid in (self.uid, 0) and not st.st_mode & OTHERS_WRITE:
+            return
+        if st.st_uid not in (self.uid, 0):
+            who = f"{account(st.st_uid)}, who owns it,"
+        else:
+            who = {0o020: "its group", 0o002: "every account"}.get(st.st_mode & OTHERS_WRITE, "every account")
+        raise UntrustedPathError(
+            f"{shown(what)} is in {shown(folder)}, where {who} may make files: another account could put a -wal,"
+            " -shm or -journal of its own beside it, which SQLite would read or write as the buffer; move it into"
+            " a folder only you may write (`mkdir -m 700 ~/runs`), or use a directory buffer (a path ending in"
+            " /), whose database walbuf keeps in a folder of its own (see docs/security.md)"
+        )
 
     def folder(self, path: Path, *, make: bool = False, private: bool = False) -> bool:
         """Whether the folder ``path`` exists; UntrustedPathError unless it is trusted.
