@@ -16,7 +16,7 @@ mount, against a bare sqlite3 INSERT committed per record into a WAL-mode
 file on the same mount (rollback journal on direct_io, where WAL cannot map
 its index), in alternating rounds; the ratio of the medians.
 
-    python scripts/bench_cluster_fs.py [--records 20000] [--beds passfs-local,passfs-span,passfs-cache,sshfs]
+    python scripts/bench_cluster_fs.py [--records 20000] [--pause 0.001] [--beds passfs-local,passfs-cache,...]
 
 Needs root, /dev/fuse, libfuse2, fuse3, sshfs and openssh-server (.ci/run
 installs them). Not part of the suite: it takes minutes.
@@ -44,11 +44,12 @@ from wandb_server import FakeWandb  # noqa: E402
 import walbuf  # noqa: E402
 
 WRITER = """
-import sys, walbuf
+import sys, time, walbuf
 w = walbuf.Writer(sys.argv[1], writer=sys.argv[2], run="work")
 for i in range(int(sys.argv[3])):
     w.log({"i": i})
     print(i, flush=True)
+    time.sleep(float(sys.argv[4]))  # a training step's worth of time: syncs run while the job logs
 w.close()
 """
 
@@ -56,14 +57,14 @@ w.close()
 class Writer:
     """A writer process; what it acknowledged, read from its output as it goes."""
 
-    def __init__(self, buffer: str, name: str, host: str, n: int, *, other_machine: bool) -> None:
+    def __init__(self, buffer: str, name: str, host: str, n: int, pause: float, *, other_machine: bool) -> None:
         prefix = fsbed.ON_B if other_machine else []
         env = {**os.environ, "WALBUF_HOST": host, "WALBUF_ROTATE_SECONDS": "2"}
         self.name = name
         self.proc = subprocess.Popen(
-            [*prefix, sys.executable, "-c", WRITER, buffer, name, str(n)],
+            [*prefix, sys.executable, "-c", WRITER, buffer, name, str(n), str(pause)],
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
             text=True,
             env=env,
         )
@@ -97,11 +98,11 @@ def sync(server: FakeWandb, buffer: str, host: str, *, other_machine: bool) -> i
     return proc.returncode
 
 
-def workload(kind: str, records: int) -> dict[str, object]:
+def workload(kind: str, records: int, pause: float) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as base, fsbed.mounted(Path(base), kind) as bed, FakeWandb() as server:
         a, b = str(bed.a / "buf") + "/", str(bed.b / "buf") + "/"
-        writers = [Writer(a, f"a{i}", "hostA", records, other_machine=False) for i in range(4)]
-        writers += [Writer(b, f"b{i}", "hostB", records, other_machine=True) for i in range(4)]
+        writers = [Writer(a, f"a{i}", "hostA", records, pause, other_machine=False) for i in range(4)]
+        writers += [Writer(b, f"b{i}", "hostB", records, pause, other_machine=True) for i in range(4)]
         killers = [threading.Thread(target=w.kill_halfway) for w in (writers[0], writers[4])]
         for killer in killers:
             killer.start()
@@ -125,6 +126,7 @@ def workload(kind: str, records: int) -> dict[str, object]:
             if arrived == before:
                 break
             before = arrived
+        failed = [w.name for w in writers if w.proc.returncode not in (0, -9)]
         acked = arrived_once = duplicates = missing = 0
         (fake_run,) = server.runs.values()
         for w in writers:
@@ -139,6 +141,7 @@ def workload(kind: str, records: int) -> dict[str, object]:
             "duplicates": duplicates,
             "missing": missing,
             "sync exit codes": codes,
+            "writers that failed": failed,
         }
 
 
@@ -170,6 +173,7 @@ def main() -> None:
     parser.add_argument("--beds", default="passfs-local,passfs-span,passfs-cache,sshfs")
     parser.add_argument("--cost-records", type=int, default=5_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--pause", type=float, default=0.001, help="seconds a writer waits between records")
     parser.add_argument("--no-workload", action="store_true")
     args = parser.parse_args()
     why = fsbed.missing()
@@ -178,7 +182,7 @@ def main() -> None:
     os.environ.setdefault("WANDB_SILENT", "true")
     for kind in args.beds.split(","):
         if not args.no_workload:
-            print(kind, workload(kind, args.records), flush=True)
+            print(kind, workload(kind, args.records, args.pause), flush=True)
         with tempfile.TemporaryDirectory() as base, fsbed.mounted(Path(base), kind) as bed:
             journal = "DELETE" if kind == "passfs-direct" else "WAL"  # WAL cannot map its index on direct_io
             ours, bare = log_cost(bed.a, args.cost_records, args.rounds, journal)

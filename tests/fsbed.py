@@ -7,8 +7,9 @@ its own. Here ``export/`` is mounted at ``A/`` and ``B/``:
   they exclude each other across the mounts (NFSv4, Lustre -o flock, GPFS);
 - "passfs-local": the same with locks kept per mount (NFS nolock or
   local_lock, Lustre localflock);
-- "passfs-cache": locks per mount, and pages and attributes cached across
-  opens for 30 s (a client without close-to-open consistency);
+- "passfs-cache": locks spanning the mounts, but pages and attributes
+  cached across opens for 30 s (a client without close-to-open
+  consistency: what one host rewrote in place another may not see);
 - "passfs-direct": no page cache at all, and no shared mmap (FUSE direct_io);
 - "sshfs": sshfs to an sshd on 127.0.0.1 (locks per mount, sshfs's caches
   but its cache of directory listings, which would only delay by up to its
@@ -52,7 +53,7 @@ boot id of host B (the same for every process of B), in a mount namespace of its
 BEDS = {
     "passfs-span": ("passfs", ["--locks", "span"]),
     "passfs-local": ("passfs", ["--locks", "local"]),
-    "passfs-cache": ("passfs", ["--locks", "local", "--kernel-cache", "--attr-timeout", "30"]),
+    "passfs-cache": ("passfs", ["--locks", "span", "--kernel-cache", "--attr-timeout", "30"]),
     "passfs-direct": ("passfs", ["--locks", "local", "--direct-io"]),
     "sshfs": ("sshfs", ["-o", "dir_cache=no"]),
 }

@@ -134,3 +134,14 @@ def test_walbuf_cron_keeps_the_code_of_what_needs_a_person(tmp_path):
     proc = walbuf_cron(tmp_path / "nope.db", {"HOME": str(tmp_path)})
     assert proc.returncode == 66
     assert proc.stdout.count("\n") == 1 and "exit 66, needs a person: no buffer at" in proc.stdout
+
+
+def test_a_buffer_url_that_holds_a_password_gets_a_warning_that_never_shows_it():
+    proc = subprocess.run(
+        [sys.executable, "-m", "walbuf", "status", "postgresql+psycopg://alice:hunter2@127.0.0.1:1/exp"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 69, proc.stderr  # the server is not there
+    assert "the buffer's URL holds a password" in proc.stderr and "~/.pgpass" in proc.stderr
+    assert "hunter2" not in proc.stderr + proc.stdout

@@ -282,6 +282,17 @@ def test_a_sqlite_buffer_in_a_folder_others_may_make_files_in_is_refused_and_not
         buffer.unlink()
 
 
+def test_a_cotenants_fifo_beside_a_buffer_in_scratch_gets_advice_the_owner_can_follow(shared_folders, cotenant):
+    scratch, _ = shared_folders
+    buffer = scratch / "exp.db"
+    plant(cotenant, f"mkfifo -m 666 {buffer}-journal")
+    with pytest.raises(walbuf.UntrustedPathError) as refused:
+        walbuf.Writer(buffer, writer="trainer", run="exp")
+    # The owner cannot remove the co-tenant's file in a sticky folder: it can move its buffer.
+    assert "move it into a folder only you may write" in str(refused.value)
+    assert "remove it" not in str(refused.value)
+
+
 @pytest.mark.parametrize("kind", ["sqlite", "directory"])
 def test_a_hard_link_of_another_file_in_a_buffer_is_never_written_through(server, tmp_path, victim, kind):
     # Where a client without protected_hardlinks let a co-tenant link the owner's file in.

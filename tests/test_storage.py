@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -181,3 +182,21 @@ def test_a_buffer_holding_a_trigger_is_refused_before_it_can_run(buffer, backend
     with pytest.raises(walbuf.NotABufferError, match="trigger 'rewrite'"):
         list(walbuf.read(buffer))
     assert run_sql(buffer, "SELECT metrics FROM records") == [('{"i":0}',)]
+
+
+def test_a_reader_that_keeps_the_database_past_the_busy_timeout_is_named_as_a_reader_or_writer(tmp_path):
+    from walbuf.store import Storage
+    from walbuf.store.sqlite import SQLiteBackend
+
+    path = tmp_path / "hub.db"
+    with Storage(SQLiteBackend(path, journal="delete"), access="create"):
+        pass
+    reader = sqlite3.connect(path, isolation_level=None)  # rollback journal: its read lock keeps a commit out
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM runs").fetchone()
+    try:
+        with Storage(SQLiteBackend(path, journal="delete"), busy_timeout=0.2) as storage:
+            with pytest.raises(walbuf.BufferBusyError, match="reading or writing .* walbuf status"):
+                storage.register_writer("exp", "w", "step", "w", "h", 1)
+    finally:
+        reader.close()

@@ -154,8 +154,25 @@ def _follow(options: dict[str, Any], interval: float, *, quiet: bool, verbose: b
         click.echo(f"followed to the end: {done.records} records synced in {done.passes} passes")
 
 
+def _buffer_given(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """BUFFER as given; a warning where it is a URL that holds a password, which every account sees in `ps`."""
+    if "://" in value:
+        try:
+            password = sa.make_url(value).password
+        except sa.exc.ArgumentError:
+            return value  # open_buffer says what is wrong with it
+        if password:
+            click.echo(
+                "walbuf: warning: the buffer's URL holds a password, which every account of this host can read"
+                " (ps, /proc) while walbuf runs; leave it out of the URL and put it in ~/.pgpass or $PGPASSWORD"
+                " (see docs/postgresql.md)",
+                err=True,
+            )
+    return value
+
+
 @main.command(epilog=EXIT_HELP)
-@click.argument("buffer")
+@click.argument("buffer", callback=_buffer_given)
 @click.option("--run", help="Only records of this run.")
 @click.option("--writer", help="Only records of this writer.")
 @click.option("--limit", type=click.IntRange(min=0), help="At most this many records.")
@@ -201,7 +218,7 @@ class _Seconds(click.ParamType):
 def _sync_options(command: Any) -> Any:
     """The options of `walbuf sync`, which `walbuf-cron` takes too."""
     options = [
-        click.argument("buffer"),
+        click.argument("buffer", callback=_buffer_given),
         click.option(
             "--run",
             "run_name",
@@ -540,7 +557,7 @@ def _shown(buffer: str) -> str:
 
 
 @main.command(epilog=EXIT_HELP)
-@click.argument("buffer")
+@click.argument("buffer", callback=_buffer_given)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: per run and writer, records and pending counts.")
 def status(buffer: str, as_json: bool) -> None:
     """Show BUFFER's runs, writers, records, pending records and last sync. Changes nothing."""
@@ -590,7 +607,7 @@ def status(buffer: str, as_json: bool) -> None:
 
 
 @main.command(epilog=EXIT_HELP)
-@click.argument("buffer")
+@click.argument("buffer", callback=_buffer_given)
 @click.option(
     "--older-than",
     required=True,
@@ -616,7 +633,7 @@ def prune(buffer: str, older_than: str, quiet: bool) -> None:
 
 
 @main.command(epilog=EXIT_HELP)
-@click.argument("buffer")
+@click.argument("buffer", callback=_buffer_given)
 def doctor(buffer: str) -> None:
     """Check BUFFER: integrity, journal mode, schema, pending records, syncs cut off or failed.
 

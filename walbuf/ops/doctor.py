@@ -477,6 +477,9 @@ def _sync_findings(findings: list[Finding], storage: Storage, buffer: DatabaseBu
     except PermissionError:
         add(Finding("sync lock", True, "not examined: this process may not read the buffer's lock files"))
         return
+    except UntrustedPathError as exc:  # held by another role of the PostgreSQL server
+        add(Finding("sync lock", False, str(exc), "see the message"))
+        return
     if live:
         add(Finding("sync lock", True, "held: a walbuf sync is running now"))
         return

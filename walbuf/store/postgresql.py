@@ -21,6 +21,7 @@ from ..errors import (
     BufferUnavailableError,
     ConfigError,
     StorageError,
+    UntrustedPathError,
     WriterConflictError,
 )
 from . import machine
@@ -84,6 +85,7 @@ class PostgresBackend(Backend):
         def on_connect(dbapi_connection: Any, _record: Any) -> None:
             autocommit = dbapi_connection.autocommit
             dbapi_connection.autocommit = True
+            self.secure(dbapi_connection)
             dbapi_connection.execute(f"SET synchronous_commit TO {synchronous_commit}")
             dbapi_connection.execute(f"SET lock_timeout TO {lock_ms}")
             dbapi_connection.autocommit = autocommit
@@ -100,6 +102,38 @@ class PostgresBackend(Backend):
         sa.event.listen(engine, "do_connect", do_connect)
         sa.event.listen(engine, "connect", on_connect)
         return engine
+
+    def secure(self, conn: Any) -> None:
+        """On a new psycopg connection (autocommit): refuse a schema another role may create objects in; then look up
+        names in pg_catalog and that schema only (the search_path set to it).
+
+        PostgreSQL picks an operator or function by the best match of its
+        argument types over every schema of the search_path: a role that may
+        create objects in one of them (PUBLIC in ``public`` before
+        PostgreSQL 15) could define one that walbuf's queries would run as
+        the buffer's owner. Raises UntrustedPathError naming the roles.
+        """
+        import psycopg
+        from psycopg import sql
+
+        try:
+            schema = conn.execute("SELECT pg_catalog.current_schema()").fetchone()[0]
+            if schema is None:
+                return  # no schema of the search_path exists: the buffer's queries say so
+            others = [row[0] for row in conn.execute(_OTHERS_CREATING).fetchall()]
+            if others:
+                raise UntrustedPathError(
+                    f"{self.location}: schema {schema!r} lets {', '.join(sorted(set(others)))} create objects in it,"
+                    " so another role could define an operator or function that walbuf's queries would run as you;"
+                    f" revoke it (REVOKE CREATE ON SCHEMA {schema} FROM PUBLIC), or keep the buffer in a schema only"
+                    " your role may create in (CREATE SCHEMA walbuf; then ?options=-csearch_path%3Dwalbuf in the"
+                    " URL; see docs/postgresql.md)"
+                )
+            # Only that schema (pg_catalog, not named, is searched first): what other schemas of the path hold is
+            # never picked.
+            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        except psycopg.Error as exc:
+            raise self.error(exc) from exc
 
     def connect_waiting(self, connect: Callable[[], _T], seconds: float = CONNECT_WAIT) -> _T:
         """``connect()``; while the server has no connection to spare, again, for up to ``seconds``.
@@ -147,9 +181,15 @@ class PostgresBackend(Backend):
 
         url = self.url.set(drivername="postgresql").render_as_string(hide_password=False)
         try:
-            return self.connect_waiting(lambda: psycopg.connect(url, autocommit=True), seconds)
+            conn = self.connect_waiting(lambda: psycopg.connect(url, autocommit=True), seconds)
         except psycopg.Error as exc:
             raise self.error(exc) from exc
+        try:
+            self.secure(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     def exists(self) -> bool:
         return True  # connecting tells; a missing database is reported then
@@ -190,9 +230,29 @@ class PostgresBackend(Backend):
         # writer, cursors): one at a time, as in SQLite. Appends are not
         # write transactions and never wait for this lock.
         keys = _pg_lock_keys("write transaction")
-        conn.exec_driver_sql(
-            f"SELECT pg_advisory_xact_lock(hashtext('walbuf:' || current_schema()) # {keys[0]}, {keys[1]})"
-        )
+        if not conn.exec_driver_sql(f"SELECT pg_catalog.pg_try_advisory_xact_lock({_lock_key_sql(keys)})").scalar():
+            self.refuse_foreign_holder(conn.exec_driver_sql, keys)  # before a wait it would make last
+            conn.exec_driver_sql(f"SELECT pg_catalog.pg_advisory_xact_lock({_lock_key_sql(keys)})")
+
+    def refuse_foreign_holder(self, execute: Callable[[str], Any], keys: tuple[int, int]) -> None:
+        """Where a session of another role holds this buffer's advisory lock ``keys``: UntrustedPathError naming it.
+
+        ``execute`` runs a query on a connection secure() set up.
+
+        Advisory locks are the database's, and any role that may connect can
+        take one of any key; one of another role that holds a lock of walbuf
+        does so to keep the buffer's own role out, and a wait or "retry later"
+        would hide it.
+        """
+        row = execute(_foreign_holder_sql(keys)).fetchone()
+        if row is not None:
+            role, pid = row
+            raise UntrustedPathError(
+                f"{self.location}: a lock of walbuf's for this buffer is held by role {role!r} (server process"
+                f" {pid}), not by yours: another role keeps your walbufs out; ask the database's owner to end that"
+                f" session (SELECT pg_terminate_backend({pid})) and to take that role's CONNECT on this database"
+                " away (see docs/postgresql.md)"
+            )
 
     def fence(self, conn: sa.Connection) -> None:
         # SHARE conflicts with the ROW EXCLUSIVE lock every INSERT holds until
@@ -242,6 +302,46 @@ class PostgresBackend(Backend):
         return StorageError(f"{where}: {message}")
 
 
+# The roles other than this one (and superusers) that may create objects in the
+# current schema: those granted CREATE (PUBLIC too), and its owner.
+_OTHERS_CREATING = """
+SELECT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE r.rolname END
+FROM pg_catalog.pg_namespace n
+CROSS JOIN LATERAL pg_catalog.aclexplode(COALESCE(n.nspacl, pg_catalog.acldefault('n', n.nspowner))) a
+LEFT JOIN pg_catalog.pg_roles r ON r.oid = a.grantee
+WHERE n.nspname OPERATOR(pg_catalog.=) pg_catalog.current_schema() AND a.privilege_type OPERATOR(pg_catalog.=) 'CREATE'
+  AND (a.grantee OPERATOR(pg_catalog.=) 0 OR NOT (r.rolsuper OR pg_catalog.pg_has_role(a.grantee, 'MEMBER')))
+UNION
+SELECT r.rolname FROM pg_catalog.pg_namespace n JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) n.nspowner
+WHERE n.nspname OPERATOR(pg_catalog.=) pg_catalog.current_schema()
+  AND NOT (r.rolsuper OR pg_catalog.pg_has_role(r.oid, 'MEMBER'))
+"""
+
+
+_SCHEMA_KEY = "pg_catalog.hashtext(pg_catalog.textcat('walbuf:'::text, pg_catalog.current_schema()::text))"
+
+
+def _lock_key_sql(keys: tuple[int, int]) -> str:
+    """The two keys of an advisory lock of this buffer, in SQL: the schema tells buffers in one database apart."""
+    return f"{_SCHEMA_KEY} OPERATOR(pg_catalog.#) {keys[0]}, {keys[1]}"
+
+
+def _foreign_holder_sql(keys: tuple[int, int]) -> str:
+    """The role and server process of a session of another role that holds the advisory lock ``keys``, if any.
+
+    (Run on a connection whose search_path secure() pinned.) pg_locks shows
+    a lock of two int4 keys as classid and objid, oids: the keys' bits.
+    """
+    first = f"(({_SCHEMA_KEY} # {keys[0]})::int8 & 4294967295)::oid"
+    second = f"(({keys[1]})::int8 & 4294967295)::oid"
+    return (
+        "SELECT a.usename, a.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+        f" WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 AND l.classid = {first}"
+        f" AND l.objid = {second} AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        " AND a.usename <> current_user LIMIT 1"
+    )
+
+
 def _pg_lock_keys(name: str) -> tuple[int, int]:
     """Two int4 keys for pg_advisory_lock: the buffer's schema is added in SQL."""
     digest = hashlib.sha256(name.encode()).digest()
@@ -262,7 +362,7 @@ class _AdvisoryLock:
 
     def _key_sql(self) -> str:
         # Locks are per database; the schema tells buffers in one database apart.
-        return f"hashtext('walbuf:' || current_schema()) # {self._keys[0]}, {self._keys[1]}"
+        return _lock_key_sql(self._keys)
 
     def acquire(self, timeout: float) -> bool:
         import psycopg
@@ -270,19 +370,24 @@ class _AdvisoryLock:
         if self._connection is None:
             self._connection = self._backend.session()
         conn = self._connection
-        if timeout <= 0:
-            return bool(conn.execute(f"SELECT pg_try_advisory_lock({self._key_sql()})").fetchone()[0])
         try:
-            # A session-level lock taken in a transaction outlives it; SET
-            # LOCAL leaves the session's own lock_timeout as it was.
-            with conn.transaction():
-                conn.execute(f"SET LOCAL lock_timeout TO {int(timeout * 1000)}")
-                conn.execute(f"SELECT pg_advisory_lock({self._key_sql()})")
-        except psycopg.errors.LockNotAvailable:
-            return False
+            if timeout <= 0:
+                if conn.execute(f"SELECT pg_catalog.pg_try_advisory_lock({self._key_sql()})").fetchone()[0]:
+                    return True
+            else:
+                try:
+                    # A session-level lock taken in a transaction outlives it; SET
+                    # LOCAL leaves the session's own lock_timeout as it was.
+                    with conn.transaction():
+                        conn.execute(f"SET LOCAL lock_timeout TO {int(timeout * 1000)}")
+                        conn.execute(f"SELECT pg_catalog.pg_advisory_lock({self._key_sql()})")
+                    return True
+                except psycopg.errors.LockNotAvailable:
+                    pass
+            self._backend.refuse_foreign_holder(conn.execute, self._keys)
         except psycopg.Error as exc:
             raise self._backend.error(exc) from exc
-        return True
+        return False
 
     def release(self) -> None:
         if self._connection is None:

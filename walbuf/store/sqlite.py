@@ -333,7 +333,8 @@ class SQLiteBackend(Backend):
         if kind == "busy":
             return BufferBusyError(
                 f"{path}: the database stayed locked past the busy timeout ({message});"
-                f" another process holds a long write transaction: find it with `fuser {path}`"
+                " another process holds a transaction on it, reading or writing (a sync, a writer, or a reader"
+                f" such as walbuf status or the sqlite3 shell): find it with `fuser {path}`, then retry"
             )
         if kind == "read-only":
             if getattr(exc, "sqlite_errorcode", None) == _SQLITE_READONLY_ROLLBACK:
