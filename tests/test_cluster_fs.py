@@ -60,6 +60,19 @@ def log_on(side, host, writer, n):
     )
 
 
+def staying_on_a(bed, host, writer, n):
+    """A writer process of ``host`` on mount A that logged ``n`` records and stays open until its stdin closes."""
+    proc = subprocess.Popen(
+        [sys.executable, str(TESTS / "host_writer.py"), buffer_on(bed.a), writer, str(n), "stay"],
+        env={**os.environ, "WALBUF_HOST": host},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.readline().strip() == f"logged {n}"
+    return proc
+
+
 def on_b(*command, env=None, **popen):
     """A process of host B (its own PID namespace), on B's mount."""
     return subprocess.Popen(
@@ -198,15 +211,8 @@ def test_hosts_take_turns_syncing_where_locks_are_known_to_span_them(server, bed
 
 @pytest.mark.parametrize("bed", ["passfs-local"], indirect=True)
 def test_two_machines_given_one_host_name_are_refused_before_anything_is_written(bed):
-    first = subprocess.Popen(
-        [sys.executable, str(TESTS / "host_writer.py"), buffer_on(bed.a), "ra", "1", "stay"],
-        env={**os.environ, "WALBUF_HOST": "node1"},
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    first = staying_on_a(bed, "node1", "ra", 1)
     try:
-        assert first.stdout.readline().strip() == "logged 1"
         shards = sorted((bed.export / "buf" / "live").rglob("*"))
         second = on_b(
             "-c",
@@ -235,14 +241,7 @@ with walbuf.Writer(sys.argv[1], writer="ra", run="exp") as w:
 
 @pytest.mark.parametrize("bed", ["passfs-local"], indirect=True)
 def test_a_writer_starting_on_one_host_waits_out_a_transaction_of_another_on_the_hub(server, bed):
-    killed = subprocess.Popen(
-        [sys.executable, str(TESTS / "host_writer.py"), buffer_on(bed.a), "ra", "3000", "stay"],
-        env={**os.environ, "WALBUF_HOST": "hostA"},
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert killed.stdout.readline().strip() == "logged 3000"
+    killed = staying_on_a(bed, "hostA", "ra", 3000)
     killed.kill()  # it notes no last step as it dies: the next holder of the id reads the shards and the hub
     killed.wait()
     assert sync_on_a(server, bed).returncode == 0

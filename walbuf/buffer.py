@@ -28,7 +28,8 @@ from typing import Protocol, Union
 import sqlalchemy as sa
 
 from .directory import DirectoryBuffer
-from .directory.buffer import Backlog, Hold, SyncSource, check_directory
+from .directory.buffer import Backlog, SyncSource, check_directory
+from .directory.segment import Hold
 from .errors import BufferNotFoundError, ConfigError, NotABufferError, StorageError, UntrustedPathError
 from .record import Record
 from .store import Access, Durability, Storage

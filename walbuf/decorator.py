@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .buffer import Buffer, Location
-from .directory.buffer import Hold
+from .directory.segment import Hold
 from .settings import WriterSettings
 from .writer import Writer
 

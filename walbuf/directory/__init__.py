@@ -1,9 +1,14 @@
-"""Directory buffers: per-host SQLite shards on shared storage, brought together in a hub.
+"""Directory buffers: shards on shared storage, one per writing process, brought together in a hub.
 
 - :mod:`.layout`: the marker, folders and shard files; this host's name
-- :mod:`.lease`: which live shard a host's writers share, and sealing it
-- :mod:`.shard`: reading a shard (a read-only snapshot)
-- :mod:`.ingest`: copying shards into the hub, each record once
+- :mod:`.frames`: the shard file format (frames appended, never rewritten)
+- :mod:`.appender`: this process's live shard (appending, rotating, sealing)
+- :mod:`.host`: which process appends a shard, and whether it still runs
+- :mod:`.log_shard`, :mod:`.log_ingest`: reading a shard, and taking it into the hub
+- :mod:`.sealing`: who seals which shard
+- :mod:`.ingest`: every shard into the hub, each record once
+- :mod:`.shard`: an older walbuf's SQLite shards
+- :mod:`.mounts`, :mod:`.sync_host`: the buffer's filesystem, and the one host that syncs where locks do not span hosts
 - :mod:`.buffer`: the DirectoryBuffer the rest of walbuf uses
 """
 

@@ -25,21 +25,18 @@ import sqlalchemy as sa
 from ..errors import BufferNotFoundError, NotABufferError, StorageError
 from ..record import Record
 from ..store import Access, Durability, Storage
-from ..store.backend import Lock, WriterLock
-from ..store.claims import Claims, Conflict
+from ..store.backend import Lock
 from ..store.schema import log_cursors, log_writers, runs, writers
 from ..store.sqlite import SQLiteBackend
-from ..store.storage import ConfigKind, stored_metrics, writer_lock_name
-from ..store.target import Target
-from .appender import ProcessShard, process_shard
-from .frames import WriterEntry
+from ..store.storage import stored_metrics, writer_lock_name
+from .appender import process_shard
 from .host import Process, judged_running
 from .ingest import hub_cursors, in_hub, ingest, pending_in
-from .layout import MARKER, Layout, Shard, host_name
-from .log_ingest import cursor_of, named_writers
-from .log_shard import Heard, Logged, LogShard, Opened, Started
+from .layout import MARKER, Layout, Shard, host_name, hub_backend
+from .log_ingest import cursor_of, frames_not_in_hub, records_not_in_hub
 from .sealing import seal_unused
-from .shard import ShardError, ShardGone, ShardReader, last_step
+from .segment import Hold, ShardSegment
+from .shard import ShardError, ShardGone, ShardReader
 from .sync_host import claim, written_elsewhere
 
 _log = logging.getLogger(__name__)
@@ -192,7 +189,7 @@ class DirectoryBuffer:
                 return
             for shard in layout.readable_shards(host_name()):
                 if shard.format == "log":
-                    yield from _log_records(layout, hub, shard, run, writer)
+                    yield from records_not_in_hub(layout, hub, shard, run, writer)
                     continue
                 cursors = _cursors(hub, shard)
                 with _reader(layout, shard) as reader:
@@ -258,7 +255,7 @@ class DirectoryBuffer:
             return False
         with hub:
             try:
-                return all(s.format == "log" and not _log_pending(layout, hub, s) for s in waiting)
+                return all(s.format == "log" and not frames_not_in_hub(layout, hub, s) for s in waiting)
             except (ShardGone, ShardError):
                 return False  # moved meanwhile, or refused: not all there
 
@@ -270,7 +267,7 @@ class DirectoryBuffer:
         moved since it was listed.
         """
         if shard.format == "log":
-            return sum(1 for r in _log_records(self.layout, hub, shard, None, None))
+            return sum(1 for r in records_not_in_hub(self.layout, hub, shard, None, None))
         with ShardReader.of(self.layout, shard) as reader:
             return pending_in(reader, _cursors(hub, shard))
 
@@ -312,7 +309,7 @@ class DirectoryBuffer:
         if shard.format == "sqlite":
             return in_hub(self.layout, hub, shard)
         cursor = cursor_of(hub, shard.id)
-        return cursor.ended or not _log_pending(self.layout, hub, shard)
+        return cursor.ended or not frames_not_in_hub(self.layout, hub, shard)
 
     def size(self) -> int:
         """Bytes of every file in the buffer (links are not followed)."""
@@ -331,12 +328,6 @@ class DirectoryBuffer:
         return Hold(process_shard(self.layout, host_name()))
 
 
-def hub_backend(layout: Layout) -> SQLiteBackend:
-    """The hub's database, and the buffer's locks beside it (in locks/)."""
-    # Opened by one host at a time, never shared live between hosts: a rollback journal, not WAL.
-    return SQLiteBackend(layout.hub, locks=layout.locks, journal="delete", owner=layout.owner)
-
-
 def _reader(layout: Layout, shard: Shard) -> ShardReader:
     """A reader of ``shard``; of its sealed self if it was sealed since it was listed live."""
     try:
@@ -350,168 +341,6 @@ def _reader(layout: Layout, shard: Shard) -> ShardReader:
 
 def _cursors(hub: Storage | None, shard: Shard) -> dict[tuple[str, str], int]:
     return hub_cursors(hub, shard.id) if hub is not None else {}
-
-
-class ShardSegment:
-    """Where a writer of this process appends: the process's live shard (see walbuf.directory.appender)."""
-
-    def __init__(self, layout: Layout, host: str, durability: Durability) -> None:
-        self._layout, self._host = layout, host
-        self._durable = durability == "fsync"
-        self._shard = process_shard(layout, host)
-        self._shard.hold()
-
-    def writer_lock(self, run: str, writer: str) -> WriterLock:
-        # In locks/, for every host: where locks span hosts, a writer id is owned across them.
-        return hub_backend(self._layout).writer_lock(writer_lock_name(run, writer), None)
-
-    def holder(self, run: str, writer: str) -> str | None:
-        return None  # the lock says only that a process holds it
-
-    def register(
-        self, run: str, writer: str, step_axis: str, prefix: str, host: str, pid: int, target: Target | None
-    ) -> tuple[int, int | None]:
-        entry = WriterEntry(run, writer, step_axis, prefix, host, pid, target or Target())
-        return self._shard.register(entry, self._durable)
-
-    def last_step_before(self, run: str, writer: str, owner: WriterLock) -> int | None:
-        if owner.noted_step is not None or not owner.opened_before:
-            return owner.noted_step
-        return last_step_anywhere(self._layout, self._host, run, writer)
-
-    def claim(self, writer_pk: int, wanted: Claims) -> Conflict | None:
-        return self._shard.claim(writer_pk, wanted)
-
-    def append(self, writer_pk: int, step: int, now: float, payload: str) -> None:
-        self._shard.append_record(writer_pk, step, now, payload, self._durable)
-
-    def add_config(self, writer_pk: int, encoded: dict[str, str], kind: ConfigKind) -> None:
-        self._shard.add_config(writer_pk, encoded, kind, self._durable)
-
-    def flush(self, writer_pk: int) -> None:
-        self._shard.flush()
-
-    def close(self, writer_pk: int, exit_code: int) -> None:
-        try:
-            self._shard.close_writer(writer_pk, exit_code)
-        except StorageError as exc:
-            # Every record is written already, and the note beside the
-            # writer's lock tells the syncer it closed.
-            _log.warning("could not note in the shard that a writer closed: %s", exc)
-        finally:
-            self._shard.let_go()
-
-    def release(self) -> None:
-        self._shard.let_go()
-
-    def abandon(self) -> None:
-        pass  # the parent's shard: a forked child appends to one of its own
-
-
-class Hold:
-    """A hold on this process's live shard, kept until :meth:`release` (see walbuf.decorator)."""
-
-    def __init__(self, shard: ProcessShard) -> None:
-        self._shard: ProcessShard | None = shard
-        shard.hold()
-
-    def release(self) -> None:
-        if self._shard is not None:
-            shard, self._shard = self._shard, None
-            shard.let_go()
-
-    def abandon(self) -> None:
-        """In a forked child: the parent's hold."""
-        self._shard = None
-
-
-def last_step_anywhere(layout: Layout, host: str, run: str, writer: str) -> int | None:
-    """The last step ``writer`` of ``run`` logged in any shard this host may read or in the hub; None if none.
-
-    Read where the step its previous holder noted is not known (it died,
-    or an older walbuf closed it): every shard is read whole.
-    """
-    steps = []
-    for shard in layout.readable_shards(host):
-        if shard.format != "log":
-            continue
-        with LogShard(layout, shard) as log:
-            mine: set[int] = set()
-            for _, event in log.events(0, set()):
-                if isinstance(event, Opened) and (event.entry.run, event.entry.name) == (run, writer):
-                    mine.add(event.local)
-                elif isinstance(event, Logged) and event.local in mine:
-                    steps.append(event.step)
-    older = last_step(layout, host, run, writer, before=2**64)  # an older walbuf's shards of this host, and the hub
-    if older is not None:
-        steps.append(older)
-    return max(steps, default=None)
-
-
-@dataclass(frozen=True)
-class LogExam:
-    """What reading a log shard whole found (see :func:`examine_log`)."""
-
-    process: Process | None  # None: its first frame is not whole yet
-    waiting: int  # records past what the hub took in
-    last_heard: float  # the time of its last frame
-    ended: bool  # its END frame is there: its process appends nothing more
-    damaged_at: int | None  # a frame that cannot be read, with whole frames after it, starts here
-
-
-def examine_log(layout: Layout, shard: Shard, hub: Storage | None) -> LogExam:
-    """Read a log shard whole. Raises BadFrame where it holds a frame walbuf would not write, StorageError."""
-    offset = cursor_of(hub, shard.id).offset
-    process, waiting, heard, ended = None, 0, 0.0, False
-    with LogShard(layout, shard) as log:
-        for frame, event in log.events(0, set()):
-            heard = max(heard, event.time)
-            if isinstance(event, Started):
-                process = event.process
-            elif isinstance(event, Logged) and frame.offset >= offset:
-                waiting += 1
-            elif isinstance(event, Heard) and event.end:
-                ended = True
-        damaged = log.offset if log.stop == "damaged" else None
-    return LogExam(process, waiting, heard, ended, damaged)
-
-
-def _log_pending(layout: Layout, hub: Storage, shard: Shard) -> bool:
-    """Whether a log shard holds a whole frame past what ``hub`` took in of it (a frame cut off is none)."""
-    cursor = cursor_of(hub, shard.id)
-    if cursor.ended:
-        return False
-    with LogShard(layout, shard) as log:
-        if cursor.process is not None and log.size() == cursor.offset:
-            return False
-        known = set(named_writers(hub, shard.id))
-        return next(iter(log.events(cursor.offset, known)), None) is not None
-
-
-def _log_records(
-    layout: Layout, hub: Storage | None, shard: Shard, run: str | None, writer: str | None
-) -> Iterator[Record]:
-    """The records of a log shard the hub does not hold (of one run / writer if given), in the order logged."""
-    names = {local: (r, w) for local, (_, r, w) in named_writers(hub, shard.id).items()}
-    cursor = cursor_of(hub, shard.id)
-    if cursor.ended:
-        return
-    try:
-        log = LogShard(layout, shard)
-    except ShardGone:
-        sealed = layout.sealed_as(shard)
-        if sealed is None:
-            return  # sealed by another host, and not listed here yet: the next look reads it
-        log = LogShard(layout, sealed)
-    with log:
-        for _, event in log.events(cursor.offset, set(names)):
-            if isinstance(event, Opened):
-                names[event.local] = (event.entry.run, event.entry.name)
-            elif isinstance(event, Logged):
-                r, w = names[event.local]
-                if run in (None, r) and writer in (None, w):
-                    values = stored_metrics(event.metrics, w, event.step, None, str(shard.path))
-                    yield Record(r, w, event.step, event.time, values)
 
 
 def check_directory(root: Path, *, create: bool) -> None:

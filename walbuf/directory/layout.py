@@ -39,6 +39,7 @@ from ..arguments import env_seconds
 from ..errors import ConfigError, UntrustedPathError
 from ..store.backend import holding
 from ..store.flock import FileLock
+from ..store.sqlite import SQLiteBackend
 from ..store.trust import Owner, make_folders, shown
 
 ENV_HOST = "WALBUF_HOST"
@@ -394,3 +395,9 @@ def _unknown(path: Path) -> str:
         f"{shown(path)} is not a name walbuf gives there, so walbuf does not open it;"
         " find out who put it there, then remove it (see docs/security.md)"
     )
+
+
+def hub_backend(layout: Layout) -> SQLiteBackend:
+    """The hub's database, and the buffer's locks beside it (in locks/)."""
+    # Opened by one host at a time, never shared live between hosts: a rollback journal, not WAL.
+    return SQLiteBackend(layout.hub, locks=layout.locks, journal="delete", owner=layout.owner)

@@ -15,19 +15,20 @@ a writer closed in one process and opened again in another is open.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 import sqlalchemy as sa
 
 from ..errors import TargetConflictError, WriterConflictError
+from ..record import Record
 from ..store import Storage
 from ..store.schema import config_entries, log_cursors, log_writers, records, runs, writers
-from ..store.storage import find_writer
+from ..store.storage import find_writer, stored_metrics
 from .host import Process
 from .layout import Layout, Shard
 from .log_shard import BadFrame, Closed, ConfigSet, Event, Heard, Logged, LogShard, Opened, Started
-from .shard import ReadStopped
+from .shard import ReadStopped, ShardGone
 
 CHUNK = 10_000  # records per transaction at most...
 CHUNK_BYTES = 64 * 2**20  # ... and about this much of their metrics
@@ -258,3 +259,72 @@ def _closed(conn: sa.Connection, shard_id: str, event: Closed, wid: int) -> None
         .where(writers.c.id == wid, writers.c.opened_at <= event.time)
         .values(closed_at=event.time, close_exit=event.exit)
     )
+
+
+@dataclass(frozen=True)
+class LogExam:
+    """What reading a log shard whole found (see :func:`examine_log`)."""
+
+    process: Process | None  # None: its first frame is not whole yet
+    waiting: int  # records past what the hub took in
+    last_heard: float  # the time of its last frame
+    ended: bool  # its END frame is there: its process appends nothing more
+    damaged_at: int | None  # a frame that cannot be read, with whole frames after it, starts here
+
+
+def examine_log(layout: Layout, shard: Shard, hub: Storage | None) -> LogExam:
+    """Read a log shard whole. Raises BadFrame where it holds a frame walbuf would not write, StorageError."""
+    offset = cursor_of(hub, shard.id).offset
+    process, waiting, heard, ended = None, 0, 0.0, False
+    with LogShard(layout, shard) as log:
+        for frame, event in log.events(0, set()):
+            heard = max(heard, event.time)
+            if isinstance(event, Started):
+                process = event.process
+            elif isinstance(event, Logged) and frame.offset >= offset:
+                waiting += 1
+            elif isinstance(event, Heard) and event.end:
+                ended = True
+        damaged = log.offset if log.stop == "damaged" else None
+    return LogExam(process, waiting, heard, ended, damaged)
+
+
+def frames_not_in_hub(layout: Layout, hub: Storage, shard: Shard) -> bool:
+    """Whether a log shard holds a whole frame past what ``hub`` took in of it (a frame cut off is none).
+
+    Raises BadFrame for a frame walbuf would not write there, ShardGone.
+    """
+    cursor = cursor_of(hub, shard.id)
+    if cursor.ended:
+        return False
+    with LogShard(layout, shard) as log:
+        if cursor.process is not None and log.size() == cursor.offset:
+            return False
+        known = set(named_writers(hub, shard.id))
+        return next(iter(log.events(cursor.offset, known)), None) is not None
+
+
+def records_not_in_hub(
+    layout: Layout, hub: Storage | None, shard: Shard, run: str | None, writer: str | None
+) -> Iterator[Record]:
+    """The records of a log shard the hub does not hold (of one run / writer if given), in the order logged."""
+    names = {local: (r, w) for local, (_, r, w) in named_writers(hub, shard.id).items()}
+    cursor = cursor_of(hub, shard.id)
+    if cursor.ended:
+        return
+    try:
+        log = LogShard(layout, shard)
+    except ShardGone:
+        sealed = layout.sealed_as(shard)
+        if sealed is None:
+            return  # sealed by another host, and not listed here yet: the next look reads it
+        log = LogShard(layout, sealed)
+    with log:
+        for _, event in log.events(cursor.offset, set(names)):
+            if isinstance(event, Opened):
+                names[event.local] = (event.entry.run, event.entry.name)
+            elif isinstance(event, Logged):
+                r, w = names[event.local]
+                if run in (None, r) and writer in (None, w):
+                    values = stored_metrics(event.metrics, w, event.step, None, str(shard.path))
+                    yield Record(r, w, event.step, event.time, values)

@@ -23,10 +23,9 @@ import sqlalchemy as sa
 
 from ..buffer import DatabaseBuffer, Location, open_buffer
 from ..directory import DirectoryBuffer
-from ..directory.buffer import examine_log
 from ..directory.host import silent_after
 from ..directory.layout import Layout, Shard, host_name, rotate_seconds
-from ..directory.log_ingest import cursor_of
+from ..directory.log_ingest import cursor_of, examine_log
 from ..directory.log_shard import BadFrame
 from ..directory.mounts import coordination
 from ..directory.sealing import in_use

@@ -1,0 +1,121 @@
+"""A writer's segment of a directory buffer: the process's live shard, as walbuf.writer.Writer uses it.
+
+Every writer of a process appends to the process's shard (see
+walbuf.directory.appender): registering there, claiming its keys among the
+process's writers, appending records and config, noting its close. Its
+last step, where the shard does not know it, comes from the note its
+previous holder left beside its lock, else from every shard and the hub.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..errors import StorageError
+from ..store import Durability, Target
+from ..store.backend import WriterLock
+from ..store.claims import Claims, Conflict
+from ..store.storage import ConfigKind, writer_lock_name
+from .appender import ProcessShard, process_shard
+from .frames import WriterEntry
+from .layout import Layout, hub_backend
+from .log_shard import Logged, LogShard, Opened
+from .shard import last_step
+
+_log = logging.getLogger(__name__)
+
+
+class ShardSegment:
+    """Where a writer of this process appends: the process's live shard (see walbuf.directory.appender)."""
+
+    def __init__(self, layout: Layout, host: str, durability: Durability) -> None:
+        self._layout, self._host = layout, host
+        self._durable = durability == "fsync"
+        self._shard = process_shard(layout, host)
+        self._shard.hold()
+
+    def writer_lock(self, run: str, writer: str) -> WriterLock:
+        # In locks/, for every host: where locks span hosts, a writer id is owned across them.
+        return hub_backend(self._layout).writer_lock(writer_lock_name(run, writer), None)
+
+    def holder(self, run: str, writer: str) -> str | None:
+        return None  # the lock says only that a process holds it
+
+    def register(
+        self, run: str, writer: str, step_axis: str, prefix: str, host: str, pid: int, target: Target | None
+    ) -> tuple[int, int | None]:
+        entry = WriterEntry(run, writer, step_axis, prefix, host, pid, target or Target())
+        return self._shard.register(entry, self._durable)
+
+    def last_step_before(self, run: str, writer: str, owner: WriterLock) -> int | None:
+        if owner.noted_step is not None or not owner.opened_before:
+            return owner.noted_step
+        return last_step_anywhere(self._layout, self._host, run, writer)
+
+    def claim(self, writer_pk: int, wanted: Claims) -> Conflict | None:
+        return self._shard.claim(writer_pk, wanted)
+
+    def append(self, writer_pk: int, step: int, now: float, payload: str) -> None:
+        self._shard.append_record(writer_pk, step, now, payload, self._durable)
+
+    def add_config(self, writer_pk: int, encoded: dict[str, str], kind: ConfigKind) -> None:
+        self._shard.add_config(writer_pk, encoded, kind, self._durable)
+
+    def flush(self, writer_pk: int) -> None:
+        self._shard.flush()
+
+    def close(self, writer_pk: int, exit_code: int) -> None:
+        try:
+            self._shard.close_writer(writer_pk, exit_code)
+        except StorageError as exc:
+            # Every record is written already, and the note beside the
+            # writer's lock tells the syncer it closed.
+            _log.warning("could not note in the shard that a writer closed: %s", exc)
+        finally:
+            self._shard.let_go()
+
+    def release(self) -> None:
+        self._shard.let_go()
+
+    def abandon(self) -> None:
+        pass  # the parent's shard: a forked child appends to one of its own
+
+
+class Hold:
+    """A hold on this process's live shard, kept until :meth:`release` (see walbuf.decorator)."""
+
+    def __init__(self, shard: ProcessShard) -> None:
+        self._shard: ProcessShard | None = shard
+        shard.hold()
+
+    def release(self) -> None:
+        if self._shard is not None:
+            shard, self._shard = self._shard, None
+            shard.let_go()
+
+    def abandon(self) -> None:
+        """In a forked child: the parent's hold."""
+        self._shard = None
+
+
+def last_step_anywhere(layout: Layout, host: str, run: str, writer: str) -> int | None:
+    """The last step ``writer`` of ``run`` logged in any shard this host may read or in the hub; None if none.
+
+    Read where the step its previous holder noted is not known (it died,
+    or an older walbuf closed it): every shard is read whole.
+    """
+    steps = []
+    for shard in layout.readable_shards(host):
+        if shard.format != "log":
+            continue
+        with LogShard(layout, shard) as log:
+            mine: set[int] = set()
+            for _, event in log.events(0, set()):
+                if isinstance(event, Opened) and (event.entry.run, event.entry.name) == (run, writer):
+                    mine.add(event.local)
+                elif isinstance(event, Logged) and event.local in mine:
+                    steps.append(event.step)
+    older = last_step(layout, host, run, writer, before=2**64)  # an older walbuf's shards of this host, and the hub
+    if older is not None:
+        steps.append(older)
+    return max(steps, default=None)
