@@ -132,9 +132,20 @@ def test_a_tracker_registered_by_name_writes_to_walbuf_buffer_and_takes_the_proj
     assert run.project == "some_project"
 
 
-def test_a_buffer_given_where_accelerate_puts_its_project_name_is_refused_with_what_to_do(tmp_path):
+@pytest.mark.parametrize("given", [str, Path], ids=["str", "pathlib.Path"])
+def test_a_buffer_given_where_accelerate_puts_its_project_name_is_refused_with_what_to_do(tmp_path, given):
     with pytest.raises(ConfigError, match="give the buffer as buffer="):
-        WalbufTracker(str(tmp_path / "b.db"))
+        WalbufTracker(given(tmp_path / "b.db"))
+
+
+def test_a_log_without_a_step_counts_one_on_as_w_and_bs_tracker_does(tmp_path):
+    tracker = WalbufTracker(buffer=tmp_path / "b.db", writer="w", run="exp")
+    tracker.log({"loss": 1.0})
+    tracker.log({"loss": 0.9})
+    tracker.log({"loss": 0.8}, step=3)
+    tracker.log({"loss": 0.7})
+    tracker.finish()
+    assert [r.metrics["step"] for r in walbuf.read(tmp_path / "b.db")] == [0, 1, 3, 4]
 
 
 def test_the_custom_tracker_flow_stores_config_records_and_closes(tmp_path, accelerate_state):

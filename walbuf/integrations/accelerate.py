@@ -89,7 +89,7 @@ class WalbufTracker(GeneralTracker):
     ) -> None:
         super().__init__()
         if run_name is not None:
-            if "/" in run_name or run_name.endswith(".db"):
+            if not isinstance(run_name, str) or "/" in run_name or run_name.endswith(".db"):
                 raise ConfigError(
                     f"WalbufTracker's first argument is Accelerate's project name, not a buffer ({run_name!r});"
                     " give the buffer as buffer=..."
@@ -112,10 +112,11 @@ class WalbufTracker(GeneralTracker):
             self._log.config(values)
 
     def log(self, values: Mapping[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        """Log ``values`` as one record at ``step`` (default: the last step logged)."""
+        """Log ``values`` as one record at ``step`` (default: the step after the last one logged, 0 at first, as
+        W&B's tracker counts a log without a step)."""
         self._unused(kwargs, "log")
         if not self._skipped():
-            self._log.log(values, axis=step)
+            self._log.log(values, axis=step, counting=True)
 
     def log_images(self, values: Mapping[str, list[Any]], step: int | None = None, **kwargs: Any) -> None:
         """Log images (numpy arrays, PIL images, file paths): a list of them per key, as W&B's tracker takes.
@@ -137,7 +138,7 @@ class WalbufTracker(GeneralTracker):
                     ImportError,
                 ) as exc:  # walbuf's MetricTypeError, ...ValueError, MissingExtraError
                     self._log.warn(f"image {name}", f"image {name!r} was left out: {exc}")
-        self._log.log(record, axis=step)
+        self._log.log(record, axis=step, counting=True)
 
     def finish(self) -> None:
         """Close this process's writer (it is opened again if the tracker logs again)."""

@@ -48,6 +48,7 @@ class FrameworkWriter:
         self._writer: Writer | None = None
         self._warned: set[str] = set()
         self.last_axis = 0  # the framework's last step logged in this process (its steps start at 0)
+        self._counted = False  # a log() was called in this process: the next counted one is last_axis + 1
 
     @property
     def writer(self) -> Writer:
@@ -59,9 +60,17 @@ class FrameworkWriter:
             self._writer = Writer.from_settings(settings)
         return self._writer
 
-    def log(self, values: Mapping[str, Any], axis: Any = None) -> None:
-        """Log ``values`` as one record at the framework's step ``axis`` (None: the last step logged, else 0)."""
+    def log(self, values: Mapping[str, Any], axis: Any = None, *, counting: bool = False) -> None:
+        """Log ``values`` as one record at the framework's step ``axis``.
+
+        Without ``axis``: the last step logged (0 at first), or, ``counting``,
+        the one after it (0 at first), as a tracker whose every call is a
+        step of its own (wandb.log without step) counts them.
+        """
         record = self._storable(values)
+        if axis is None and counting:
+            axis = self.last_axis + 1 if self._counted else 0
+        self._counted = True
         if axis is not None:
             step = _step(axis)
             if step is None:
