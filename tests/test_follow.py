@@ -163,3 +163,18 @@ def test_a_follow_restarts_wandbs_service_after_every_renew_every_uploads(in_pro
     assert result.records == 4 and result.finished == ("exp",)
     seen = set().union(*cores)
     assert len(seen) >= 2, cores  # uploads 1-2 on one wandb-core, 3-4 on another
+
+
+def test_a_follow_of_a_buffer_not_made_yet_says_what_it_waits_for_and_a_mistyped_folder(server, tmp_path):
+    mistyped = tmp_path / "rusn" / "exp1.db"  # its folder does not exist either
+    follow = start_follow(server, mistyped)
+    try:
+        line = follow.stderr.readline()
+        assert f"waiting for a writer to make {mistyped}" in line
+        assert f"not even its folder {mistyped.parent} exists yet" in line
+        follow.send_signal(signal.SIGINT)
+        _, err = follow.communicate(timeout=120)
+    finally:
+        follow.kill()
+    assert follow.returncode == 130, err
+    assert "if it was uploading" in err and "an upload it cut off" not in err

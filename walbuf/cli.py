@@ -83,8 +83,8 @@ def _errors() -> Iterator[None]:
         code = exitcodes.SIGTERM if isinstance(exc, _Terminated) else exitcodes.SIGINT
         name = "SIGTERM" if code is exitcodes.SIGTERM else "Ctrl-C (SIGINT)"
         click.echo(
-            f"walbuf: error: stopped by {name}; an upload it cut off is marked interrupted, nothing it sent"
-            " is marked synced, and the next sync sends it again (W&B may then hold some records twice)",
+            f"walbuf: error: stopped by {name}; if it was uploading, that upload is marked interrupted, nothing"
+            " it sent is marked synced, and the next sync sends it again (W&B may then hold some records twice)",
             err=True,
         )
         sys.exit(code.code)

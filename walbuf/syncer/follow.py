@@ -22,9 +22,12 @@ for it. SIGTERM or Ctrl-C end it as they end a sync.
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import sqlalchemy as sa
 
@@ -39,6 +42,8 @@ from .plan import runs_to_sync
 from .results import SyncResult
 from .syncer import holding_sync_lock, sync_pass
 from .wandb_run import renew_wandb, restart_wandb
+
+_log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL = 5.0  # seconds between passes: a record reaches W&B within about 10 s
 # wandb-core keeps about 120 KiB for each run it served, finished or not
@@ -85,10 +90,14 @@ def follow(
     overrides = check_target(Target(run_id, project, entity))
     waiting = stop if stop is not None else threading.Event()
     located = None
+    said = False
     while located is None:
         try:
             located = open_buffer(buffer)
         except BufferNotFoundError:
+            if not said:
+                _log.warning("%s", _waiting_for(buffer, interval))
+                said = True
             if waiting.wait(interval):  # the job has not made it yet
                 return FollowResult(0, 0, ())
     passes = records = uploads = 0
@@ -118,6 +127,16 @@ def follow(
                     break
             waiting.wait(interval)
     return FollowResult(passes, records, tuple(dict.fromkeys(finished)))
+
+
+def _waiting_for(buffer: Location, interval: float) -> str:
+    """What the follow waits for, where the buffer is not there yet: its full path, and whether even its folder is
+    missing (a path mistyped is waited for in vain)."""
+    if not isinstance(buffer, (str, os.PathLike)) or "://" in os.fspath(buffer):
+        return f"waiting for a writer to make {buffer} (looking again every {interval:g}s)"
+    path = Path(os.fspath(buffer)).expanduser().absolute()
+    missing = "" if path.parent.is_dir() else f"; not even its folder {path.parent} exists yet: is the path right?"
+    return f"waiting for a writer to make {path} (looking again every {interval:g}s){missing}"
 
 
 def _pass(
