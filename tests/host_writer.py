@@ -5,8 +5,7 @@ Usage: host_writer.py BUFFER WRITER N close|stay
 The host is $WALBUF_HOST. Prints "logged N" once every record is committed
 (on stdout and on stderr);
 with "stay" it then keeps the writer open, idle, until its stdin closes (or
-it is killed). walbuf's log goes to stderr (its writer says there when it
-lets go of its shard while idle).
+it is killed). walbuf's log goes to stderr.
 """
 
 import logging

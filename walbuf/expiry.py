@@ -41,7 +41,8 @@ def call_at(when: float, action: Callable[[], None]) -> None:
     The action must be quick, catch the errors it expects (it runs where no
     caller can handle them: an exception is a bug, reported by the thread's
     excepthook, and the thread is started again by the next call_at), and
-    check when it runs that what it lets go of is still unused.
+    check when it runs that what it acts on is still there (a shard still
+    held, a writer still open).
     """
     global _thread
     with _changed:
@@ -69,7 +70,7 @@ def _run() -> None:
 
 def _before_fork() -> None:
     if not _busy.acquire(blocking=False):
-        _log.debug("fork waits for walbuf's expiry thread to finish letting go of a shard")
+        _log.debug("fork waits for walbuf's expiry thread to finish what it is doing")
         _busy.acquire()
     _changed.acquire()
 
