@@ -69,7 +69,9 @@ answers every request (or only "graphql" or "file_stream") with that status;
 ``hold_uploads()`` records history posts but leaves them unanswered until
 ``release_uploads()``: the client waits for a confirmation that does not come;
 ``stall()`` leaves every request unanswered (a server that accepts
-connections and never answers) until ``unstall()``.
+connections and never answers) until ``unstall()``; ``when_history_arrives(f)``
+calls f once, as the next history post arrives and before it is taken (the
+world changing while an upload is under way: a disk filling, say).
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -163,6 +166,7 @@ class FakeWandb:
         self._refusal: tuple[int, str, str] | None = None
         self._storage_refusal: int | None = None
         self._clock_ahead = 0.0
+        self._on_history: Callable[[], None] | None = None
         self._released = threading.Event()
         self._released.set()
         self._answering = threading.Event()
@@ -282,6 +286,16 @@ class FakeWandb:
 
     def release_uploads(self) -> None:
         self._released.set()
+
+    def when_history_arrives(self, action: Callable[[], None]) -> None:
+        """Call ``action`` once, as the next history post arrives, before it is taken."""
+        self._on_history = action
+
+    def history_arriving(self) -> None:
+        with self._lock:
+            action, self._on_history = self._on_history, None
+        if action is not None:
+            action()
 
     # -- what arrived ----------------------------------------------------------
 
@@ -535,6 +549,8 @@ class _Handler(BaseHTTPRequestHandler):
             if failing:
                 return self._reply(failing, {"error": "injected failure"})
             body = json.loads(raw)
+            if "wandb-history.jsonl" in (body.get("files") or {}):
+                self.fake.history_arriving()
             refused = self.fake.history_refused(body)
             if refused:
                 return self._reply(refused, {"error": "injected failure after earlier batches were accepted"})

@@ -286,7 +286,7 @@ class Buffer(Protocol):
         ...
 
     def sync_running(self) -> bool:
-        """Whether a syncer holds the sync lock now."""
+        """Whether a syncer holds the sync lock now (True too where that cannot be seen from here)."""
         ...
 
     def writer_alive(self, run: str, writer: str) -> bool:

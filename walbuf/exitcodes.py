@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from .errors import (
     BufferCorruptError,
+    BufferFullError,
     BufferNotFoundError,
     BufferNotWritableError,
     BufferUnavailableError,
@@ -54,6 +55,11 @@ UNAVAILABLE = ExitCode(
     " hub was being written by a sync (maybe on another host) as it was read; retry later",
     retry=True,
 )
+FULL = ExitCode(
+    74,
+    "a disk the buffer is on is full (or a quota is reached): nothing written is damaged, and a sync sends"
+    " nothing it could not mark synced; free space (`walbuf prune` removes synced records), then run it again",
+)
 TEMPFAIL = ExitCode(75, "W&B unreachable or failed: nothing was marked synced; retry later", retry=True)
 NOPERM = ExitCode(
     77,
@@ -78,6 +84,7 @@ EXIT_CODES: tuple[ExitCode, ...] = (
     DATAERR,
     NOINPUT,
     UNAVAILABLE,
+    FULL,
     TEMPFAIL,
     NOPERM,
     CONFIG,
@@ -93,6 +100,7 @@ _FOR_ERROR: tuple[tuple[type[WalbufError], ExitCode], ...] = (
     (BufferUnavailableError, UNAVAILABLE),
     (BufferNotWritableError, NOPERM),
     (UntrustedPathError, NOPERM),
+    (BufferFullError, FULL),
     (BufferCorruptError, DATAERR),
     (NotABufferError, DATAERR),
     (SchemaTooNewError, DATAERR),

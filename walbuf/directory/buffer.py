@@ -112,8 +112,9 @@ class DirectoryBuffer:
         return self._hub().lock("sync")
 
     def sync_running(self) -> bool:
-        """Whether a syncer holds the sync lock now. Changes nothing."""
-        return self._hub().lock_held("sync")
+        """Whether a syncer holds the sync lock now, or may: where another host syncs the buffer and locks do not
+        span hosts, its lock cannot be seen from here. Changes nothing."""
+        return written_elsewhere(self.layout) is not None or self._hub().lock_held("sync")
 
     def writer_alive(self, run: str, writer: str) -> bool:
         """Whether a process holds ``writer`` of ``run`` open now. Changes nothing.

@@ -9,7 +9,7 @@
                            HOST.GEN.db.why saying why: a person looks (see walbuf doctor)
       hub.db               what `walbuf sync` uploads from (rollback journal)
       sync-host            the one host that syncs it, where locks do not span hosts
-      locks/               writer ids and the syncer
+      locks/               writer ids and the syncer; room kept for a sync (walbuf.store.space)
 
 GEN is the shard's creation time in nanoseconds, HOST a name of letters,
 digits, ".", "_" and "-". Shards named .db (live/HOST/GEN.db, sealed and
@@ -39,6 +39,7 @@ from ..arguments import env_seconds
 from ..errors import ConfigError, UntrustedPathError
 from ..store.backend import holding
 from ..store.flock import FileLock
+from ..store.space import RESERVE_NAME
 from ..store.sqlite import SQLiteBackend
 from ..store.trust import Owner, make_folders, shown
 
@@ -61,7 +62,7 @@ _LIVE_COMPANION = re.compile(rf"({_GEN})\.db(-wal|-shm|-journal|\.inuse)")
 _FILED = re.compile(rf"({HOST})\.({_GEN})\.(db|log)")  # in sealed/, ingested/
 _QUARANTINED = re.compile(rf"({HOST})\.({_GEN})\.db")
 _QUARANTINE_COMPANION = re.compile(rf"({HOST})\.({_GEN})\.db(-wal|-shm|\.why)")
-_LOCK = re.compile(r"(?:sync|migrate|writer-[0-9a-f]{24})\.lock")
+_LOCK = re.compile(rf"(?:sync|migrate|writer-[0-9a-f]{{24}})\.lock|{RESERVE_NAME}")
 _ROOT = frozenset(
     {
         MARKER,

@@ -34,7 +34,8 @@ from ..errors import BufferNotFoundError, NotABufferError, StorageError, Untrust
 from ..store import Storage
 from ..store.backend import Backend
 from ..store.schema import HEAD_REVISION, KNOWN_REVISIONS, foreign_objects, syncs
-from ..store.sqlite import COMPANIONS, SQLiteBackend, harden
+from ..store.space import LOW_ROOM, full, room
+from ..store.sqlite import COMPANIONS, SQLiteBackend, failure, harden
 from ..store.trust import Owner
 from .status import read_runs
 
@@ -94,6 +95,7 @@ def _database(findings: list[Finding], buffer: DatabaseBuffer) -> None:
         except UntrustedPathError as exc:
             findings.append(Finding("trust", False, str(exc), _UNTRUSTED_ADVICE))
             return
+        _room_finding(findings, backend.path.parent)
         readable, revision = _file_findings(findings, backend.path, owner)
     else:
         readable, revision = True, _server_findings(findings, backend)
@@ -142,6 +144,7 @@ def _directory(findings: list[Finding], buffer: DirectoryBuffer) -> None:
     for stranger in strangers:
         add(Finding("not opened", False, stranger.why, _UNTRUSTED_ADVICE))
     _filesystem_findings(findings, layout)
+    _room_finding(findings, layout.root)
     try:
         hub_there = layout.owner.entry(layout.hub) is not None
     except UntrustedPathError as exc:
@@ -191,6 +194,23 @@ def _filesystem_findings(findings: list[Finding], layout: Layout) -> None:
     named = sync_host(layout)
     who = f"host {named.host} syncs it" if named else "the first host that syncs it will be its only syncer"
     findings.append(Finding("filesystem", True, f"{verdict.why}: one host syncs it; {who}"))
+
+
+def _room_finding(findings: list[Finding], folder: Path) -> None:
+    """Whether the buffer's disk has room: on a full one writers fail and syncs send nothing (nothing is damaged)."""
+    left = room(folder)
+    if left >= LOW_ROOM:
+        findings.append(Finding("disk space", True, f"{left:,} bytes left on the filesystem of {folder}"))
+        return
+    findings.append(
+        Finding(
+            "disk space",
+            False,
+            f"the filesystem of {folder} is full ({left:,} bytes left): writers fail, and a sync sends nothing"
+            " (it could not mark it synced); the buffer is not damaged by it",
+            "free space on that filesystem (walbuf prune removes synced records); nothing is to be restored",
+        )
+    )
 
 
 def _shard_finding(
@@ -355,9 +375,11 @@ def _file_findings(
             f" run walbuf doctor on {written_by} before anything else"
         )
     # Plain sqlite3, read-only: a damaged or too-new file must still be examined.
-    # Without a -wal the file holds everything: read it immutable, which needs
-    # no -shm (that a reader without write access could not create).
-    immutable = owner.entry(Path(f"{path}-wal")) is None
+    # Without a -wal (or with an empty one) the file holds everything: read it
+    # immutable, which needs no -shm (that a reader without write access, or
+    # on a full disk, could not create).
+    wal = owner.entry(Path(f"{path}-wal"))
+    immutable = wal is None or wal.st_size == 0
     try:
         conn = _connect(path, owner, immutable=immutable)
     except UntrustedPathError as exc:
@@ -367,7 +389,12 @@ def _file_findings(
         try:
             result = conn.execute("PRAGMA integrity_check").fetchall()
         except sqlite3.DatabaseError as exc:
-            add(Finding("integrity", False, str(exc), unreadable))
+            if failure(exc) in ("full", "i/o") and full(path.parent):
+                # SQLite could not make the -shm a WAL file with a -wal needs:
+                # no sign of damage (see "disk space").
+                add(Finding("integrity", False, f"not examined: {exc}, for the disk is full", "free space first"))
+            else:
+                add(Finding("integrity", False, str(exc), unreadable))
             return False, None
         ok = result == [("ok",)]
         add(

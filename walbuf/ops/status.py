@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-import itertools
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal, cast
 
 import sqlalchemy as sa
 
-from ..buffer import Location, open_buffer
+from ..buffer import Buffer, Location, open_buffer
+from ..errors import UntrustedPathError
 from ..store.schema import pending, quarantine, records, runs, syncs, writers
 
-SyncState = Literal["running", "ok", "failed", "interrupted"]
+# "died": left running by a syncer that no longer runs (killed, or failed
+# where it could not note so); the next sync sends its records again.
+SyncState = Literal["running", "ok", "failed", "interrupted", "died"]
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,8 @@ def status(buffer: Location) -> BufferStatus:
     if storage is not None:
         with storage, storage.begin_read() as conn:
             run_status = read_runs(conn)
+    if any(r.last_sync is not None and r.last_sync.status == "running" for r in run_status):
+        run_status = _dead_syncs_told(located, run_status)
     shard_status: list[ShardStatus] = []
     damaged: list[str] = []
     strangers: list[str] = []
@@ -188,15 +192,41 @@ def _last_sync(conn: sa.Connection, run_id: int) -> SyncStatus | None:
     """The run's last sync: the uploads of the last invocation (one process), together.
 
     A sync that finishes a W&B run does so in an upload of its own, of no
-    records, after the upload that sent them: both are one sync here.
+    records, after the upload that sent them, and a ``sync --follow`` makes
+    one upload per pass: each is one sync here, its records the sum of its
+    uploads'.
     """
-    newest = sa.select(syncs).where(syncs.c.run_id == run_id).order_by(syncs.c.id.desc()).limit(16)
-    entries = conn.execute(newest).all()
-    if not entries:
+    of_run = syncs.c.run_id == run_id
+    last = conn.execute(sa.select(syncs).where(of_run).order_by(syncs.c.id.desc()).limit(1)).first()
+    if last is None:
         return None
-    last = entries[0]
-    same = list(itertools.takewhile(lambda e: (e.host, e.pid) == (last.host, last.pid), entries))
-    message = next((e.message for e in same if e.message), None)
-    return SyncStatus(
-        last.status, last.mode, same[-1].started_at, last.finished_at, sum(e.records for e in same), message
+    other = sa.or_(syncs.c.host != last.host, syncs.c.pid != last.pid)
+    before = conn.scalar(sa.select(sa.func.max(syncs.c.id)).where(of_run, other)) or 0
+    same = sa.and_(of_run, syncs.c.id > before)
+    extent = sa.select(sa.func.min(syncs.c.started_at), sa.func.sum(syncs.c.records)).where(same)
+    started, total = conn.execute(extent).one()
+    message = conn.scalar(
+        sa.select(syncs.c.message).where(same, syncs.c.message.is_not(None)).order_by(syncs.c.id.desc()).limit(1)
     )
+    return SyncStatus(last.status, last.mode, started, last.finished_at, int(total), message)
+
+
+def _dead_syncs_told(located: Buffer, runs_read: list[RunStatus]) -> list[RunStatus]:
+    """A last sync left "running" while no syncer runs (none holds the sync lock) is "died"."""
+    try:
+        if located.sync_running():
+            return runs_read
+    except (PermissionError, UntrustedPathError):
+        return runs_read  # cannot tell from here: as the buffer says
+    told = []
+    for run in runs_read:
+        last = run.last_sync
+        if last is not None and last.status == "running":
+            last = replace(
+                last,
+                status="died",
+                message="its syncer ended during the upload without confirming it: the next walbuf sync sends"
+                f" those {last.records} records again, and W&B may then hold some of them twice",
+            )
+        told.append(replace(run, last_sync=last))
+    return told

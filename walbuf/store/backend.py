@@ -29,6 +29,7 @@ from typing import Literal, Protocol
 import sqlalchemy as sa
 
 from ..errors import BufferBusyError, StorageError
+from .space import Reserve
 
 Durability = Literal["normal", "fsync"]
 """How far a committed record is safe: "normal" against the writer's death, "fsync" against power loss."""
@@ -168,6 +169,11 @@ class Backend:
 
     def prepare(self) -> None:
         """Before the first connection of a buffer that is to be made."""
+
+    def reserve(self) -> Reserve | None:
+        """Room kept aside on the buffer's disk for a sync's confirmation (see walbuf.store.space); None where the
+        kind's disk is not this host's to manage (a server's)."""
+        return None
 
     def check_files(self, access: Access) -> None:
         """Before connecting: raise unless the files of the buffer are its owner's (see walbuf.store.trust)."""

@@ -23,6 +23,7 @@ from ..errors import (
 )
 from .backend import INSERT_COLUMNS, YIELD_TO_WRITERS, Access, Appender, Backend, Durability, holding
 from .flock import FileLock, held, read_note
+from .space import RESERVE_NAME, Reserve, full, is_full, room
 from .trust import Owner, fsync, make_folders
 
 # Each commit appends the pages it changed to the WAL; a record is far smaller
@@ -210,13 +211,16 @@ class SQLiteBackend(Backend):
             )
 
     def readable_immutable(self) -> bool:
-        """Whether the file alone holds the whole buffer: no -wal, so no writer has it open.
+        """Whether the file alone holds the whole buffer: no -wal (so no writer has it open), or an empty one.
 
         A process that may not write the buffer's directory cannot create the
         -shm file SQLite needs to read a WAL database; such a buffer it can
         still read as an immutable file.
         """
-        return not Path(f"{self.path}-wal").exists()
+        try:
+            return os.stat(f"{self.path}-wal").st_size == 0  # left by a reader that met a full disk, say
+        except FileNotFoundError:
+            return True
 
     def immutable_engine(self, durability: Durability, busy_timeout: float, access: Access) -> sa.Engine:
         return self.engine(durability, busy_timeout, access, immutable=True)
@@ -225,6 +229,13 @@ class SQLiteBackend(Backend):
         """What changes when a checkpoint writes the file (see Storage.begin_read)."""
         st = self.path.stat()
         return st.st_ino, st.st_size, st.st_mtime_ns
+
+    def full(self, detail: str) -> BufferFullError:
+        return BufferFullError(
+            f"{self.path}: the disk is full ({detail}, {room(self.path.parent)} bytes left); what was being written"
+            " was not, and everything written before is intact: free space (walbuf prune removes synced"
+            " records), then try again"
+        )
 
     def not_writable(self, detail: str) -> BufferNotWritableError:
         return BufferNotWritableError(
@@ -249,6 +260,11 @@ class SQLiteBackend(Backend):
         """Where lock ``name`` is: a file of its own in the locks folder."""
         return self.locks / f"{name}.lock"
 
+    def reserve(self) -> Reserve:
+        """In the locks folder: the folder of the buffer's own that is on its disk."""
+        owner = self._lock_file(RESERVE_NAME)[1]  # makes the folder, as for a lock
+        return Reserve(self.locks / RESERVE_NAME, owner)
+
     def lock_held(self, name: str) -> bool:
         owner = self._owner(write=False)
         if not owner.folder(self.locks):
@@ -267,6 +283,8 @@ class SQLiteBackend(Backend):
     def _os_error(self, exc: OSError) -> Exception:
         if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
             return self.not_writable(f"{exc.filename}: {exc.strerror}")
+        if is_full(exc):
+            return self.full(f"{exc.filename}: {exc.strerror}")
         return exc
 
     def appender(self, engine: sa.Engine) -> Appender:
@@ -352,11 +370,10 @@ class SQLiteBackend(Backend):
         if kind == "cannot open" and self.path.exists() and not os.access(self.path.parent, os.W_OK):
             # a -wal without its -shm, say
             return self.not_writable(f"{message}: SQLite cannot create its files in {path.parent}")
-        if kind == "full":
-            return BufferFullError(
-                f"{path}: the disk is full ({message}); the record was not written and every"
-                " earlier one is intact: free space (walbuf prune removes synced records), then log again"
-            )
+        if kind == "full" or (kind == "i/o" and full(path.parent)):
+            # SQLite words some failures for lack of room as a bare I/O error
+            # (a -shm it cannot size, a short write): the filesystem says.
+            return self.full(message)
         if kind == "corrupt":
             return BufferCorruptError(f"{path} is not a readable walbuf buffer ({message})")
         return StorageError(f"{path}: {message}")
@@ -364,7 +381,7 @@ class SQLiteBackend(Backend):
 
 _SQLITE_READONLY_ROLLBACK = 776  # SQLITE_READONLY | (3 << 8): a hot journal a read-only connection may not roll back
 
-SQLiteFailure = Literal["busy", "read-only", "cannot open", "full", "corrupt", "too big", "interrupted", "other"]
+SQLiteFailure = Literal["busy", "read-only", "cannot open", "full", "i/o", "corrupt", "too big", "interrupted", "other"]
 
 # SQLite's primary result codes (the low byte of an extended one), by what they mean to walbuf.
 _FAILURES: dict[int, SQLiteFailure] = {
@@ -373,6 +390,7 @@ _FAILURES: dict[int, SQLiteFailure] = {
     sqlite3.SQLITE_READONLY: "read-only",
     sqlite3.SQLITE_CANTOPEN: "cannot open",
     sqlite3.SQLITE_FULL: "full",
+    sqlite3.SQLITE_IOERR: "i/o",
     sqlite3.SQLITE_CORRUPT: "corrupt",
     sqlite3.SQLITE_NOTADB: "corrupt",
     sqlite3.SQLITE_TOOBIG: "too big",

@@ -9,6 +9,7 @@ tables.
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -20,10 +21,12 @@ import sqlalchemy as sa
 from ..errors import (
     BufferBusyError,
     BufferCorruptError,
+    BufferFullError,
     BufferNotFoundError,
     BufferNotWritableError,
     ConfigError,
     SchemaOutdatedError,
+    StorageError,
     WriterConflictError,
 )
 from ..record import Record, Value, read_metrics
@@ -42,7 +45,10 @@ from .schema import (
     upgrade,
     writers,
 )
+from .space import is_full, room
 from .target import Target, set_target
+
+_log = logging.getLogger(__name__)
 
 DEFAULT_BUSY_TIMEOUT = 60.0  # seconds; a writer waits this long for the write lock
 
@@ -172,12 +178,12 @@ class Storage:
         try:
             with self.translate_errors():
                 self._ensure_schema(access)
-        except BufferNotWritableError:
+        except (BufferNotWritableError, BufferFullError):
             self.engine.dispose()
-            # A reader that may not write the buffer's directory: SQLite cannot
-            # make the -shm it needs. With no -wal, every record is in the
-            # file: read it as immutable (see begin_read for a writer that
-            # starts meanwhile).
+            # A reader that may not write the buffer's directory, or finds its
+            # disk full: SQLite cannot make the -shm it needs. With no -wal,
+            # every record is in the file: read it as immutable (see
+            # begin_read for a writer that starts meanwhile).
             if access != "read" or not backend.readable_immutable():
                 raise
             self._immutable_state = backend.file_state()
@@ -376,6 +382,26 @@ class Storage:
             )
             return writer_id, last_step if last_step is not None else row.pruned_step
 
+    def keep_room(self) -> None:
+        """Before an upload: make sure the room its confirmation needs is kept aside (see walbuf.store.space).
+
+        Raises BufferFullError where the disk has no room for it: then
+        nothing is to be uploaded, for nothing could be confirmed.
+        """
+        reserve = self.backend.reserve()
+        if reserve is None:
+            return
+        try:
+            reserve.keep()
+        except OSError as exc:
+            if not is_full(exc):
+                raise StorageError(f"{reserve.path}: {exc.strerror or exc}") from exc
+            raise BufferFullError(
+                f"{self.location}: its disk is full ({room(reserve.path.parent)} bytes left), and a sync uploads"
+                " only what it has room to mark synced: nothing was sent or changed; free space (walbuf prune"
+                " removes synced records), then sync again"
+            ) from exc
+
     def confirm_upload(self, done: Confirmed, also: Callable[[sa.Connection], None]) -> None:
         """Record an upload W&B confirmed, in one transaction: the cursors advance, never back.
 
@@ -384,7 +410,20 @@ class Storage:
         target, config position, mode and finish, and the upload's entry is
         marked ok; ``also(conn)`` adds what the caller keeps in the same
         transaction (the run's metrics). Nothing of it happens unless all does.
+
+        Where the disk filled during the upload, the room :meth:`keep_room`
+        kept aside is given up for it, and it is tried once more.
         """
+        try:
+            self._confirm(done, also)
+        except BufferFullError:
+            reserve = self.backend.reserve()
+            if reserve is None or not reserve.give_up():
+                raise
+            _log.warning("%s: the disk filled during the upload; its confirmation takes the room kept", self.location)
+            self._confirm(done, also)
+
+    def _confirm(self, done: Confirmed, also: Callable[[sa.Connection], None]) -> None:
         now = time.time()
         with self.begin_write() as conn:
             conn.execute(

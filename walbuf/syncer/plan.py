@@ -121,6 +121,9 @@ def plan(
         survey = _survey(conn, name, budget, high, finishing)
     if survey is None:
         return None
+    # An upload whose confirmation found no room would be sent again whole
+    # by the next sync: refuse it here, before anything is sent or written.
+    storage.keep_room()
     with storage.begin_write() as conn:
         return _settle(conn, survey, name, overrides, mode, dry_run=False)
 
