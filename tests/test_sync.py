@@ -324,7 +324,7 @@ def _kill_a_syncer_mid_upload_then_sync_again(server, buffer):
     victim.wait()
     server.release_uploads()
     assert pending(buffer) == {("exp1", "w"): 200}
-    assert run_status(buffer)["runs"][0]["last_sync"]["status"] == "running"
+    assert run_status(buffer)["runs"][0]["last_sync"]["status"] == "died"
     proc = subprocess.run(
         [sys.executable, "-m", "walbuf", "sync", str(buffer), "--quiet"],
         capture_output=True,

@@ -237,6 +237,17 @@ def test_a_sync_leaves_its_entry_as_the_runs_last_sync(buffer):
     assert last is not None and (last.status, last.records) == ("ok", 2)
 
 
+def test_the_last_sync_of_one_process_counts_every_upload_it_made(buffer):
+    # a sync --follow: one upload a pass, each of what logged since
+    stand_in = StandIn()
+    with walbuf.Writer(buffer, writer="a", run="exp1") as a:
+        for i in range(20):
+            a.log({"x": i})
+            sync_in_process(buffer, stand_in)
+    last = walbuf.status(buffer).runs[0].last_sync
+    assert last is not None and (last.status, last.records) == ("ok", 20)
+
+
 def test_a_dry_run_after_everything_was_sent_plans_nothing(buffer):
     stand_in = StandIn()
     with walbuf.Writer(buffer, writer="a", run="exp1") as a:
