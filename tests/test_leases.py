@@ -7,6 +7,7 @@ postgresql); the tests shorten both, as a deployment could.
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import workers
 from conftest import run_sql
 
 import walbuf
@@ -43,6 +45,24 @@ def test_open_writers_that_outnumber_the_servers_connections_all_log(limited_dat
             writer.close()
     landed = sorted((r.metrics["round"], r.writer) for r in walbuf.read(limited_database))
     assert landed == sorted((round_, f"w{i}") for round_ in range(2) for i in range(5))
+
+
+def test_writer_processes_that_outnumber_the_connections_all_start_on_a_new_buffer_together(limited_database):
+    # A job's first start: every rank opens the new buffer at once, and one
+    # of them makes its schema while the others wait, each holding one of
+    # the role's 2 connections or waiting for one.
+    ctx = mp.get_context("fork")
+    go = ctx.Event()
+    procs = [ctx.Process(target=workers.starting_writer, args=(limited_database, i, 3, go)) for i in range(6)]
+    for p in procs:
+        p.start()
+    go.set()
+    for p in procs:
+        p.join()
+    assert [p.exitcode for p in procs] == [0] * 6
+    assert sorted((r.writer, r.step) for r in walbuf.read(limited_database)) == [
+        (f"w{i:02d}", step) for i in range(6) for step in range(3)
+    ]
 
 
 def test_a_writer_killed_on_this_host_leaves_its_id_free_at_once(buffer):

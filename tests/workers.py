@@ -39,6 +39,15 @@ def concurrent_writer(buffer: str, index: int, n: int, go: object) -> None:
     writer.close()
 
 
+def starting_writer(buffer: str, index: int, n: int, go: object) -> None:
+    """Process target: wait for the start signal, then open a writer (as a job's ranks start together), log n
+    records, close."""
+    go.wait()  # type: ignore[attr-defined]
+    with walbuf.Writer(buffer, writer=f"w{index:02d}", run="many") as writer:
+        for i in range(n):
+            writer.log({"i": i})
+
+
 @walbuf.logged(writer="eval", step_axis="eval_step", run="pool")
 def evaluate(checkpoint: int) -> dict[str, object]:
     """A decorated evaluation, configured from WALBUF_BUFFER in the worker."""

@@ -42,7 +42,12 @@ _NO_CONNECTION_TO_SPARE = (
     "too many connections for",  # ... role "x" / database "x"
     "remaining connection slots are reserved",
 )
-CONNECT_WAIT = 60.0  # seconds a connection waits for the server to have one to spare
+# Seconds a connection waits for the server to have one to spare. A job's
+# start queues for them: 300 writer processes on a server of 40 connections
+# (2 cores) waited up to 165 s, and a writer that gives up loses its records
+# while its turn would have come. A server with none to spare for 10
+# minutes needs a person.
+CONNECT_WAIT = 600.0
 # A writer owns its id by a lease row (see _WriterLease): it lasts LEASE_SECONDS
 # unless renewed, and the writer renews it every RENEW_EVERY seconds. A
 # writer that logged nothing for IDLE_SECONDS lets its connection go at its

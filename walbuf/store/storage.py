@@ -30,7 +30,7 @@ from ..errors import (
     WriterConflictError,
 )
 from ..record import Record, Value, read_metrics
-from .backend import DURABILITY_LEVELS, Access, Appender, Backend, Durability, Lock, holding
+from .backend import DURABILITY_LEVELS, Access, Appender, Backend, Durability, Lock
 from .claims import Claims, Conflict, claim
 from .schema import (
     HEAD_REVISION,
@@ -201,9 +201,10 @@ class Storage:
     def _ensure_schema(self, access: Access) -> None:
         """Check the schema, and bring it to HEAD_REVISION where ``access`` allows.
 
-        Concurrent openers of a new buffer take turns on a lock; each one
-        re-checks after taking it, so only the first runs the migrations. When
-        the schema is current the check is one query and Alembic is not imported.
+        Concurrent openers of a new buffer take turns in a write transaction;
+        each one checks again in it, so only the first runs the migrations.
+        When the schema is current the check is one query and Alembic is not
+        imported.
         """
         with self.engine.connect() as conn:
             revision = buffer_revision(conn, self.location)
@@ -219,14 +220,17 @@ class Storage:
                 f" {HEAD_REVISION}, and reading changes nothing: write it once to upgrade it"
                 " (walbuf sync, or a writer), then read it again"
             )
-        waiting = f"another process upgrading the schema of {self.location}"
-        busy = f"{self.location}: {waiting} kept at it for {DEFAULT_BUSY_TIMEOUT:g}s; find it, or try again"
-        with holding(self.lock("migrate"), DEFAULT_BUSY_TIMEOUT, waiting, busy):
-            with self.begin_write() as conn:
-                revision = buffer_revision(conn, self.location)
-                if revision != HEAD_REVISION:
-                    check_known(revision, self.location)
-                    upgrade(conn)
+        # The write transaction alone makes openers take turns (SQLite's
+        # write lock; PostgreSQL's advisory lock of write transactions), on
+        # the one connection each: a lock of its own, on a second connection,
+        # let a hundred processes opening a new PostgreSQL buffer at once
+        # take every connection the server had while they waited, and starve
+        # the one upgrading it.
+        with self.begin_write() as conn:
+            revision = buffer_revision(conn, self.location)
+            if revision != HEAD_REVISION:
+                check_known(revision, self.location)
+                upgrade(conn)
 
     # -- connections ---------------------------------------------------------
 
