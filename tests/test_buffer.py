@@ -160,7 +160,7 @@ def test_a_dry_run_of_a_directory_buffer_never_synced_changes_nothing(server, tm
     before = snapshot(tmp_path)
     proc = run_sync(server, directory, "--dry-run", quiet=False)
     assert proc.returncode == 0, proc.stderr
-    assert "1 records of shards not yet in the hub" in proc.stdout
+    assert "1 record of shards not yet in the hub" in proc.stdout
     assert snapshot(tmp_path) == before
     assert not (directory / "hub.db").exists()
 

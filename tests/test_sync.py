@@ -448,7 +448,7 @@ def test_missing_credentials_exit_78_not_75_and_advance_nothing(server, buffer, 
         env=env,
         stdin=subprocess.DEVNULL,
     )
-    assert proc.returncode == 78 and "wandb login" in proc.stderr
+    assert proc.returncode == 78 and proc.stderr.count("wandb login") == 1, proc.stderr
     assert pending(buffer) == {("exp1", "w"): 1}
 
 

@@ -218,6 +218,7 @@ def test_a_malformed_wandb_base_url_exits_78_not_75(server, buffer):
     log_steps(buffer, [0])
     proc = run_sync(server, buffer, env={"WANDB_BASE_URL": "htp//not a url"})
     assert proc.returncode == 78 and "WANDB_BASE_URL" in proc.stderr
+    assert "wandb refused a setting: base_url: " in proc.stderr  # what it says of which setting
     assert status(buffer)["pending"] == 1
 
 

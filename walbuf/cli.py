@@ -49,6 +49,11 @@ MIN_SECONDS_LEFT = 0.1
 QUARANTINE_SHOWN = 5  # quarantined records named one by one; the rest are counted
 
 
+def _records(n: int) -> str:
+    """'1 record', '2 records'."""
+    return f"{n} record" if n == 1 else f"{n} records"
+
+
 def _say_what_walbuf_waits_for() -> None:
     """Print walbuf's own notes (it waits for a lock, say) on stderr, as "walbuf: ..." lines."""
     handler = logging.StreamHandler(sys.stderr)
@@ -129,7 +134,7 @@ def _follow(options: dict[str, Any], interval: float, *, quiet: bool, verbose: b
         for run in result.runs:
             if not quiet and (run.records or run.finished is not None):
                 click.echo(
-                    f"{time.strftime('%H:%M:%S')} {run.run} -> {_target_text(run)}: {run.records} records synced"
+                    f"{time.strftime('%H:%M:%S')} {run.run} -> {_target_text(run)}: {_records(run.records)} synced"
                 )
             if not quiet and run.finished is not None:
                 click.echo(f"  finished the W&B run with exit code {run.finished}")
@@ -151,7 +156,7 @@ def _follow(options: dict[str, Any], interval: float, *, quiet: bool, verbose: b
             on_retry=on_retry,
         )
     if not quiet:
-        click.echo(f"followed to the end: {done.records} records synced in {done.passes} passes")
+        click.echo(f"followed to the end: {_records(done.records)} synced in {done.passes} passes")
 
 
 def _buffer_given(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -277,7 +282,7 @@ class _Progress:
     def on_run(self, run: RunSync) -> None:
         if run.possibly_duplicated and not self.dry_run:  # a warning: printed even when quiet
             click.echo(
-                f"walbuf: warning: run {run.run}: {run.possibly_duplicated} records were in an earlier"
+                f"walbuf: warning: run {run.run}: {_records(run.possibly_duplicated)} were in an earlier"
                 " upload that was cut off; they are sent again, and W&B may now hold them twice",
                 err=True,
             )
@@ -285,7 +290,7 @@ class _Progress:
             return
         verb = "would send" if self.dry_run else "sending"
         writers = ", ".join(f"{w} {n}" for w, n in run.per_writer.items())
-        click.echo(f"{run.run} -> {_target_text(run)}: {verb} {run.records} records ({writers})", err=True)
+        click.echo(f"{run.run} -> {_target_text(run)}: {verb} {_records(run.records)} ({writers})", err=True)
         if run.possibly_duplicated and self.dry_run:
             click.echo(f"  {run.possibly_duplicated} of them were in an upload that was cut off", err=True)
         self.close()
@@ -410,7 +415,7 @@ def _run_sync(
             )
         if run.quarantined:
             click.echo(
-                f"walbuf: warning: run {run.run}: {len(run.quarantined)} records quarantined: never sent, kept in the"
+                f"walbuf: warning: run {run.run}: {_records(len(run.quarantined))} quarantined: never sent, kept in the"
                 f" buffer; see them with `walbuf records {_shown(options['buffer'])} --quarantined`",
                 err=True,
             )
@@ -482,16 +487,16 @@ def sync(
     for run in result.runs:
         if dry_run:
             continue
-        click.echo(f"{run.run} -> {_target_text(run)}: {run.records} records synced")
+        click.echo(f"{run.run} -> {_target_text(run)}: {_records(run.records)} synced")
         if run.finished is not None:
             why = "every writer closed" if run.finished == 0 else "a writer failed or died without closing"
             click.echo(f"  finished the W&B run with exit code {run.finished}: {why}")
         if run.offline_dir:
             click.echo(f"  upload it later with: wandb sync {run.offline_dir}")
     if dry_run:
-        click.echo(f"dry run: {result.records} records would be sent; nothing was changed")
+        click.echo(f"dry run: {_records(result.records)} would be sent; nothing was changed")
     if result.not_in_hub:
-        click.echo(f"  and {result.not_in_hub} records of shards not yet in the hub, which a sync copies in first")
+        click.echo(f"  and {_records(result.not_in_hub)} of shards not yet in the hub, which a sync copies in first")
     if result.unreadable_shards:
         click.echo(
             f"  {result.unreadable_shards} live shards of an older walbuf on other hosts are not readable from"
@@ -539,11 +544,11 @@ def cron(**options: Any) -> None:
     if result.needs_a_person:
         click.echo(
             f"{stamp} walbuf sync {buffer}: exit {exitcodes.QUARANTINED.code}, needs a person:"
-            f" {result.records} records synced, {result.quarantined} quarantined,"
+            f" {_records(result.records)} synced, {result.quarantined} quarantined,"
             f" {len(result.set_aside)} shards set aside, {len(result.refused)} files refused (see the warnings above)"
         )
         sys.exit(exitcodes.QUARANTINED.code)
-    click.echo(f"{stamp} walbuf sync {buffer}: ok, {result.records} records synced")
+    click.echo(f"{stamp} walbuf sync {buffer}: ok, {_records(result.records)} synced")
 
 
 def _shown(buffer: str) -> str:
@@ -574,7 +579,7 @@ def status(buffer: str, as_json: bool) -> None:
         elif shard.not_in_hub is None:
             waiting = "not readable from this host"
         else:
-            waiting = f"{shard.not_in_hub} records not yet in the hub"
+            waiting = f"{_records(shard.not_in_hub)} not yet in the hub"
         click.echo(f"shard {shard.shard} ({shard.state}, since {created}): {waiting}")
     for damaged in report.damaged_shards:
         click.echo(f"shard {damaged} (set aside in quarantine/: see walbuf doctor)")
@@ -585,7 +590,7 @@ def status(buffer: str, as_json: bool) -> None:
     for run in report.runs:
         target = Target(run.wandb_id, run.project, run.entity).shown()
         held = f", {run.quarantined} quarantined" if run.quarantined else ""
-        click.echo(f"run {run.run} -> W&B {target}: {run.records} records, {run.pending} pending{held}")
+        click.echo(f"run {run.run} -> W&B {target}: {_records(run.records)}, {run.pending} pending{held}")
         if run.target_refused:
             click.echo(f"  not sent: W&B refused its target: {run.target_refused}")
         if run.finished_exit is not None:
@@ -603,7 +608,7 @@ def status(buffer: str, as_json: bool) -> None:
             s = run.last_sync
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.finished_at or s.started_at))
             detail = f": {s.message}" if s.message else ""
-            click.echo(f"  last sync {when} ({s.mode}): {s.status}, {s.records} records{detail}")
+            click.echo(f"  last sync {when} ({s.mode}): {s.status}, {_records(s.records)}{detail}")
 
 
 @main.command(epilog=EXIT_HELP)

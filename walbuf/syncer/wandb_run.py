@@ -117,14 +117,15 @@ class WandbRun:
         except wandb.errors.AuthenticationError as exc:
             raise ConfigError(f"W&B refused the credentials: {_describe(exc)}; {_LOGIN}") from exc
         except wandb.errors.UsageError as exc:
-            advice = _LOGIN if "API key" in str(exc) or "login" in str(exc) else "fix the setting it names"
-            raise ConfigError(f"wandb refused to start the upload: {_describe(exc)}; {advice}") from exc
+            if "API key" in str(exc) or "login" in str(exc):  # wandb's own words say `wandb login` already
+                raise ConfigError(f"wandb refused to start the upload: no W&B API key was found; {_LOGIN}") from exc
+            raise ConfigError(f"wandb refused to start the upload: {_describe(exc)}; fix the setting it names") from exc
         except wandb.errors.Error as exc:
             doing = f"opening W&B run {target.wandb_id!r}"
             raise init_failure(exc, _init_log(directory), doing) from exc
         except ValueError as exc:  # wandb's settings (pydantic) refusing an environment variable
             raise ConfigError(
-                f"wandb refused a setting: {_describe(exc)}; check WANDB_BASE_URL and the other WANDB_*"
+                f"wandb refused a setting: {_settings_problem(exc)}; check WANDB_BASE_URL and the other WANDB_*"
                 " variables of this environment"
             ) from exc
 
@@ -275,7 +276,7 @@ class WandbRun:
             raise failure(str(exc), "finishing the upload") from exc
         problem, refused_files = _upload_failure(self._run)
         if problem is not None:
-            raise failure(problem, "the upload")
+            raise failure(problem, "uploading")
         if refused_files:
             # A per-file refusal of W&B's storage (an upload URL that expired, a
             # bucket policy) says nothing of the run's target: retry later.
@@ -414,6 +415,21 @@ class RowRefused(Exception):
 
 
 _REINSTALL = "reinstall wandb for this machine (pip install --force-reinstall wandb); a retry gets the same"
+
+
+def _settings_problem(exc: ValueError) -> str:
+    """What pydantic's ValidationError of wandb's Settings says of each setting (its first line names none)."""
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return _describe(exc)
+    try:
+        found = errors(include_url=False)
+    except TypeError:
+        return _describe(exc)
+    parts = [f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}" for e in found]
+    return "; ".join(parts) or _describe(exc)
+
+
 _LOGIN = "run `wandb login` or set WANDB_API_KEY (and WANDB_BASE_URL for a private server)"
 _STATUS = re.compile(r"\bHTTP (\d{3})\b|\b(\d{3}) [A-Z][a-z]+(?: [A-Z][a-z]+)* url=|\"status\":(\d{3})")
 
