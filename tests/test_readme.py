@@ -52,3 +52,16 @@ def test_readme_gives_the_two_commands_ci_runs():
     commands = [line for _, code in blocks("Install") for line in code.splitlines()]
     assert setup in commands
     assert tests in commands
+
+
+def test_every_relative_link_of_the_docs_leads_to_a_file_of_the_checkout():
+    root = README.parent
+    pages = [README, root / "CONTRIBUTING.md", *sorted((root / "docs").glob("*.md"))]
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            if not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(root)}: {target}")
+    assert broken == []

@@ -26,7 +26,7 @@ import sqlalchemy as sa
 
 from . import __version__, exitcodes
 from .buffer import read
-from .errors import WalbufError
+from .errors import ConfigError, WalbufError
 from .ops import doctor as examine
 from .ops import parse_age
 from .ops import prune as prune_buffer
@@ -218,6 +218,20 @@ class _Seconds(click.ParamType):
         if not (math.isfinite(seconds) and seconds > 0):
             self.fail(f"{value!r} is not a finite number of seconds above 0", param, ctx)
         return seconds
+
+
+class _Age(click.ParamType):
+    """An age: a number followed by s, m, h, d or w."""
+
+    name = "age"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, float):
+            return value
+        try:
+            return parse_age(str(value))
+        except ConfigError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 def _sync_options(command: Any) -> Any:
@@ -616,17 +630,18 @@ def status(buffer: str, as_json: bool) -> None:
 @click.option(
     "--older-than",
     required=True,
+    type=_Age(),
     metavar="AGE",
     help="Only records logged longer ago than this: 90s, 30m, 12h, 7d, 2w.",
 )
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors.")
-def prune(buffer: str, older_than: str, quiet: bool) -> None:
+def prune(buffer: str, older_than: float, quiet: bool) -> None:
     """Delete BUFFER's synced records older than AGE, then reclaim the space.
 
     Records not yet confirmed uploaded are never deleted.
     """
     with _errors():
-        result = prune_buffer(buffer, older_than=parse_age(older_than))
+        result = prune_buffer(buffer, older_than=older_than)
     for message in result.shards_kept:
         click.echo(f"walbuf: warning: {message}", err=True)
     if not quiet:
