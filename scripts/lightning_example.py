@@ -3,7 +3,7 @@
     pip install -e '.[test]'            # or: pip install 'walbuf[lightning]'
     python scripts/lightning_example.py [BUFFER] [--strategy ddp_spawn|ddp] [--log-first] [--rank-zero-only]
     walbuf status runs/lightning.db     # both ranks' records, the hyperparameters pending
-    walbuf sync runs/lightning.db       # later, from anywhere with network (into project walbuf-tests, as the logger says)
+    walbuf sync runs/lightning.db       # later, with network: into project walbuf-tests, as the logger says
 
 No process creates a wandb run: every rank appends to the buffer through
 WalbufLogger, and `walbuf sync` uploads it into one W&B run, rank-0/... and
