@@ -374,8 +374,19 @@ def test_an_axis_value_that_is_not_an_int_of_zero_or_more_is_refused_and_nothing
         ("run", "  "),
         ("step_axis", "s\tep"),
         ("writer", "\ud800"),
+        ("writer", " rank-0"),
+        ("run", "exp1 "),
     ],
-    ids=["writer with NUL", "blank writer", "run with newline", "blank run", "axis with tab", "writer with surrogate"],
+    ids=[
+        "writer with NUL",
+        "blank writer",
+        "run with newline",
+        "blank run",
+        "axis with tab",
+        "writer with surrogate",
+        "writer with a leading space",
+        "run with a trailing space",
+    ],
 )
 def test_a_name_w_and_b_would_get_changed_is_refused_when_the_writer_opens(buffer, backend, setting, value):
     with pytest.raises(walbuf.ConfigError, match="W&B would get it changed"):

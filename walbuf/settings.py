@@ -205,6 +205,8 @@ def _text(name: str, value: Any, env: str, default: str | None = None) -> str:
         problem = "is blank"
     elif CONTROL_CHARACTERS.search(value):
         problem = "contains a control character (a NUL, a newline, ...)"
+    elif value != value.strip():
+        problem = "begins or ends with a space (W&B's name would not show it)"
     elif not value.isascii():
         try:
             value.encode("utf-8")
