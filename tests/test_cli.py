@@ -38,6 +38,21 @@ def test_records_limit_and_filters(buffer):
     assert [json.loads(line)["writer"] for line in result.output.splitlines()] == ["b", "b"]
 
 
+def test_records_of_a_writer_the_buffer_lacks_says_so_naming_those_it_has(buffer):
+    with walbuf.Writer(buffer, writer="rank-0", run="exp1") as w:
+        w.log({"i": 0})
+    result = CliRunner().invoke(main, ["records", str(buffer), "--writer", "rank0"])
+    assert result.exit_code == 78
+    assert result.output.strip().endswith("no writer 'rank0' in " + str(buffer) + "; writers: 'rank-0'")
+
+
+def test_records_of_a_run_the_buffer_lacks_says_so_naming_those_it_has(buffer):
+    with walbuf.Writer(buffer, writer="w", run="exp1") as w:
+        w.log({"i": 0})
+    result = CliRunner().invoke(main, ["records", str(buffer), "--run", "exp"])
+    assert result.exit_code == 78 and "no run 'exp' in" in result.output and "runs: 'exp1'" in result.output
+
+
 def test_missing_buffer_is_one_line_and_exit_66(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "walbuf", "records", str(tmp_path / "nope.db")], capture_output=True, text=True

@@ -457,3 +457,29 @@ def read(
     ones) that the hub lacks; another host's live shard is not read.
     """
     yield from open_buffer(buffer).records(run=run, writer=writer, quarantined=quarantined)
+
+
+def check_names(buffer: Location, run: str | None, writer: str | None) -> None:
+    """ConfigError, naming those it knows, if the buffer's database knows no ``run`` or no ``writer`` (of ``run``
+    if given): a typo, most likely. Reads only."""
+    located = open_buffer(buffer)
+    storage = located.open_store("read")
+    known_runs: list[str] = []
+    known_writers: list[str] = []
+    if storage is not None:
+        with storage, storage.begin_read() as conn:
+            known_runs = list(conn.scalars(sa.select(runs.c.name).order_by(runs.c.id)))
+            query = sa.select(writers.c.name).join(runs, runs.c.id == writers.c.run_id).order_by(writers.c.id)
+            if run is not None:
+                query = query.where(runs.c.name == run)
+            known_writers = list(dict.fromkeys(conn.scalars(query)))
+    where = located.location
+    if isinstance(located, DirectoryBuffer):
+        where += " (its hub, which holds what syncs took in)"
+    if run is not None and run not in known_runs:
+        raise ConfigError(f"no run {run!r} in {where}; runs: {', '.join(map(repr, known_runs)) or 'none'}")
+    if writer is not None and writer not in known_writers:
+        of = f" of run {run!r}" if run is not None else ""
+        raise ConfigError(
+            f"no writer {writer!r}{of} in {where}; writers: {', '.join(map(repr, known_writers)) or 'none'}"
+        )

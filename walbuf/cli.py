@@ -25,7 +25,7 @@ import click
 import sqlalchemy as sa
 
 from . import __version__, exitcodes
-from .buffer import read
+from .buffer import check_names, read
 from .errors import ConfigError, WalbufError
 from .ops import doctor as examine
 from .ops import parse_age
@@ -193,10 +193,14 @@ def records(buffer: str, run: str | None, writer: str | None, limit: int | None,
     Reading changes nothing.
     """
     with _errors():
-        for n, record in enumerate(read(buffer, run=run, writer=writer, quarantined=quarantined)):
-            if limit is not None and n >= limit:
+        printed = 0
+        for record in read(buffer, run=run, writer=writer, quarantined=quarantined):
+            if limit is not None and printed >= limit:
                 break
             click.echo(_json_line(record))
+            printed += 1
+        if not printed and (run is not None or writer is not None):
+            check_names(buffer, run, writer)  # nothing of them: a name the buffer lacks is an error
 
 
 def _target_text(run: RunSync) -> str:
