@@ -52,6 +52,15 @@ def test_other_return_values_pass_through_and_log_nothing(buffer):
     assert record_count(buffer) == 0
 
 
+def test_an_empty_dict_passes_through_and_logs_nothing(buffer):
+    @walbuf.logged(buffer, writer="eval", run="exp1")
+    def evaluate():
+        return {}
+
+    assert evaluate() == {}
+    assert record_count(buffer) == 0
+
+
 def test_exception_propagates_and_logs_nothing(buffer):
     with pytest.raises(RuntimeError, match="bad checkpoint"):
         make(buffer)(-1)

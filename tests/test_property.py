@@ -28,7 +28,7 @@ values = st.one_of(
 keys = st.text(alphabet=st.characters(blacklist_categories=("Cc", "Cs")), min_size=1, max_size=10).filter(
     lambda k: k.strip() and k != AXIS and "*" not in k and k not in RESERVED_KEYS
 )
-metrics = st.dictionaries(keys, values, max_size=5)
+metrics = st.dictionaries(keys, values, min_size=1, max_size=5)  # log({}) is refused (test_writer)
 # (which writer, metrics, None for an automatic step or an offset from the writer's last step)
 calls = st.lists(
     st.tuples(st.sampled_from(WRITERS), metrics, st.one_of(st.none(), st.integers(-3, 5))),

@@ -392,3 +392,13 @@ def test_a_name_w_and_b_would_get_changed_is_refused_when_the_writer_opens(buffe
     with pytest.raises(walbuf.ConfigError, match="W&B would get it changed"):
         walbuf.Writer(buffer, **{"writer": "w", setting: value})
     assert not buffer_exists(buffer)
+
+
+def test_a_record_of_no_metric_is_refused_and_takes_no_step(buffer):
+    with walbuf.Writer(buffer, writer="w") as w:
+        w.log({"i": 0})
+        for empty in ({}, {"eval": {}}):
+            with pytest.raises(walbuf.MetricValueError, match="at least one metric"):
+                w.log(empty)
+        assert w.log({"i": 1}) == 1
+    assert [r.step for r in walbuf.read(buffer)] == [0, 1]

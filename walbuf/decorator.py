@@ -52,7 +52,7 @@ def logged(buffer: Location | None = None, **options: Unpack[WriterOptions]) -> 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             result = fn(*args, **kwargs)
-            if isinstance(result, Mapping):
+            if isinstance(result, Mapping) and result:  # an empty dict: nothing to log
                 settings = replace(WriterSettings.resolve(buffer, **options), default_writer=fn.__name__)
                 _keep_shard(settings.buffer)
                 with Writer.from_settings(settings) as w:

@@ -32,6 +32,7 @@ from .errors import (
     ArgumentTypeError,
     ConfigError,
     KeyConflictError,
+    MetricValueError,
     NoWriterError,
     StepOrderError,
     StorageError,
@@ -267,7 +268,7 @@ class Writer:
         a new writer). With ``step``, it must be >= the last step (equal adds
         another record at that step), else StepOrderError; a step that is
         not an int raises ArgumentTypeError. Invalid metrics raise
-        MetricTypeError/MetricValueError; a key that another writer of the
+        MetricTypeError/MetricValueError (a record of no metric too); a key that another writer of the
         run plots against another step axis in W&B (same name after their
         prefixes), KeyConflictError. On any error nothing is written.
 
@@ -281,6 +282,9 @@ class Writer:
         """
         state = self._opened_here()
         flat = flatten(metrics, state.step_axis)
+        if not flat:
+            # It would take a step of its own and give W&B a row of nothing.
+            raise MetricValueError("a record needs at least one metric: log({}) has none", NOTHING_WRITTEN)
         keys = flat
         if axis is not None:
             flat = {**flat, state.step_axis: _checked_step(axis, None, state.writer, "axis")}
