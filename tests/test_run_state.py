@@ -114,7 +114,7 @@ def test_an_exception_leaving_the_writers_with_block_makes_the_final_state_faile
         raise ZeroDivisionError("the training step failed")
     proc = run_sync(server, buffer, quiet=False)
     assert proc.returncode == 0, proc.stderr
-    assert "finished the W&B run with exit code 1: a writer failed or died without closing" in proc.stdout
+    assert "finished the W&B run with exit code 1: 'train' failed or died without closing" in proc.stdout
     fake_run = the_run(server, buffer)
     assert (fake_run.complete, fake_run.exit_code) == (True, 1)
 

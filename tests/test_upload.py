@@ -369,6 +369,17 @@ def test_a_writer_that_failed_finishes_the_run_with_exit_code_1(buffer):
     assert [u.exit_code for u in stand_in.uploads] == [None, 1]
 
 
+def test_a_run_finished_with_exit_code_1_names_the_writers_that_failed_or_died(buffer):
+    stand_in = StandIn()
+    with walbuf.Writer(buffer, writer="ok") as w:
+        w.log({"x": 0})
+    failed = walbuf.Writer(buffer, writer="bad")
+    failed.log({"x": 0})
+    failed.close(failed=True)
+    (run,) = sync_in_process(buffer, stand_in).runs
+    assert (run.finished, run.failed_writers) == (1, ("bad",))
+
+
 def test_a_row_wandb_refuses_is_quarantined_and_the_rest_go_on(buffer):
     stand_in = StandIn()
     with walbuf.Writer(buffer, writer="a") as a:

@@ -137,7 +137,7 @@ def _follow(options: dict[str, Any], interval: float, *, quiet: bool, verbose: b
                     f"{time.strftime('%H:%M:%S')} {run.run} -> {_target_text(run)}: {_records(run.records)} synced"
                 )
             if not quiet and run.finished is not None:
-                click.echo(f"  finished the W&B run with exit code {run.finished}")
+                click.echo(_finished_line(run))
         for message in (*result.set_aside, *result.refused):
             click.echo(f"walbuf: warning: {message}", err=True)
 
@@ -201,6 +201,16 @@ def records(buffer: str, run: str | None, writer: str | None, limit: int | None,
             printed += 1
         if not printed and (run is not None or writer is not None):
             check_names(buffer, run, writer)  # nothing of them: a name the buffer lacks is an error
+
+
+def _finished_line(run: RunSync) -> str:
+    """What a sync or a follow's pass says of a W&B run it finished."""
+    if run.finished == 0:
+        why = "every writer closed"
+    else:
+        names = ", ".join(repr(w) for w in run.failed_writers) or "a writer"
+        why = f"{names} failed or died without closing"
+    return f"  finished the W&B run with exit code {run.finished}: {why}"
 
 
 def _target_text(run: RunSync) -> str:
@@ -507,8 +517,7 @@ def sync(
             continue
         click.echo(f"{run.run} -> {_target_text(run)}: {_records(run.records)} synced")
         if run.finished is not None:
-            why = "every writer closed" if run.finished == 0 else "a writer failed or died without closing"
-            click.echo(f"  finished the W&B run with exit code {run.finished}: {why}")
+            click.echo(_finished_line(run))
         if run.offline_dir:
             click.echo(f"  upload it later with: wandb sync {run.offline_dir}")
     if dry_run:

@@ -34,9 +34,9 @@ EXIT_ALL_CLOSED = 0
 EXIT_A_WRITER_DIED = 1
 
 
-def outcome(storage: Storage, buffer: Buffer, run: str) -> int | None:
-    """The exit code to finish the run with now, or None: a writer may still log, records wait, or it is finished so
-    already."""
+def outcome(storage: Storage, buffer: Buffer, run: str) -> tuple[int, tuple[str, ...]] | None:
+    """The exit code to finish the run with now and the writers that failed or died (1) or none (0); None: a writer
+    may still log, records wait, or it is finished so already."""
     with storage.begin_read() as conn:
         row = conn.execute(sa.select(runs.c.id, runs.c.finished_exit, runs.c.wandb_id).where(runs.c.name == run)).one()
         members = conn.execute(
@@ -61,16 +61,18 @@ def outcome(storage: Storage, buffer: Buffer, run: str) -> int | None:
         return None  # never uploaded: there is no W&B run to finish
     if not buffer.all_in_store():
         return None  # records of this run may be in a shard the hub has not taken in (or set aside, or refused)
-    died = False  # or failed
+    died: list[str] = []  # or failed
     for member in members:
         if member.closed_at is not None:
-            died = died or bool(member.close_exit)
+            if member.close_exit:
+                died.append(member.name)
             continue
         # Read before the lock is probed: a writer that opens again in between
         # holds the lock by then.
         noted = buffer.writer_close_note(run, member.name)
         if buffer.writer_alive(run, member.name):
             return None
-        died = died or noted is None or bool(noted)
+        if noted is None or noted:
+            died.append(member.name)
     code = EXIT_A_WRITER_DIED if died else EXIT_ALL_CLOSED
-    return None if row.finished_exit == code else code
+    return None if row.finished_exit == code else (code, tuple(died))

@@ -65,6 +65,8 @@ class RunSync:
     cut_short: bool = False
     # The exit code this sync finished the W&B run with (its job is done); None: left running.
     finished: int | None = None
+    # With finished 1: the writers that failed or died without closing.
+    failed_writers: tuple[str, ...] = ()
 
     @property
     def needs_a_person(self) -> bool:

@@ -209,12 +209,15 @@ def _sync_run(
         return report
     if mode != "online" or budget.spent():
         return report
-    code = outcome(storage, buffer, name)
-    if code is None:
+    done = outcome(storage, buffer, name)
+    if done is None:
         return report
+    code, failed = done
     final = _upload(storage, name, overrides, mode, folder, budget, None, None, code, more_soon, open_run)
     assert final is not None
-    return final if report is None else replace(report, finished=final.finished)
+    if final.finished is not None:
+        final = replace(final, failed_writers=failed)
+    return final if report is None else replace(report, finished=final.finished, failed_writers=final.failed_writers)
 
 
 def _upload(
