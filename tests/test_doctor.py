@@ -47,6 +47,18 @@ def test_upload_left_running_by_a_dead_syncer_needs_a_person(buffer):
     assert result.exit_code == 1 and "run walbuf sync" in result.output
 
 
+def test_a_last_sync_that_found_w_and_b_unreachable_needs_no_person(buffer):
+    make(buffer)
+    run_sql(
+        buffer,
+        "INSERT INTO syncs (run_id, mode, status, started_at, last_id, records, host, pid, message)"
+        " VALUES (1, 'online', 'unreachable', 0, 3, 3, 'h', 1, 'W&B could not be reached')",
+    )
+    report = doctor(buffer)
+    assert report.healthy
+    assert any("W&B could not be reached; the next sync retries" in f.detail for f in report.findings)
+
+
 def test_failed_last_sync_is_reported_with_its_message(buffer):
     make(buffer)
     run_sql(

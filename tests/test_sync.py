@@ -180,7 +180,7 @@ def test_server_failing_mid_upload_exits_75_and_advances_nothing(server, buffer)
     assert proc.returncode == 75, proc.stderr
     assert pending(buffer) == {("exp1", "rank-0"): 3}
     status = run_status(buffer)["runs"][0]["last_sync"]
-    assert status["status"] == "failed"
+    assert status["status"] == "unreachable"
     server.fail_with(None)
     assert run_sync(server, buffer).returncode == 0
     assert pending(buffer) == {("exp1", "rank-0"): 0}

@@ -189,7 +189,7 @@ def test_a_failed_upload_advances_nothing_and_the_next_sends_it_all(buffer):
         sync_in_process(buffer, stand_in)
         assert stand_in.confirmed_rows() == [] and walbuf.status(buffer).runs[0].pending == 3
         last = walbuf.status(buffer).runs[0].last_sync
-        assert last is not None and last.status == "failed" and "W&B could not be reached" in (last.message or "")
+        assert last is not None and last.status == "unreachable" and "W&B could not be reached" in (last.message or "")
         sync_in_process(buffer, stand_in)
     assert steps(stand_in.confirmed_rows(), "a") == [0, 1, 2]
 

@@ -490,14 +490,10 @@ def _sync_findings(findings: list[Finding], storage: Storage, buffer: DatabaseBu
             )
         last = run.last_sync
         if last is not None and last.status == "failed":
-            add(
-                Finding(
-                    f"run {run.run} last sync",
-                    False,
-                    f"failed: {last.message}",
-                    "fix what the message says, or wait for W&B to be reachable; then walbuf sync",
-                )
-            )
+            add(Finding(f"run {run.run} last sync", False, f"failed: {last.message}", "fix what the message says"))
+        elif last is not None and last.status == "unreachable":
+            # What a retry fixes by itself needs no person (as walbuf-cron says).
+            add(Finding(f"run {run.run} last sync", True, f"W&B unreachable: {last.message}; the next sync retries"))
     try:
         live = buffer.sync_running()
     except PermissionError:

@@ -13,7 +13,8 @@ from ..store.schema import pending, quarantine, records, runs, syncs, writers
 
 # "died": left running by a syncer that no longer runs (killed, or failed
 # where it could not note so); the next sync sends its records again.
-SyncState = Literal["running", "ok", "failed", "interrupted", "died"]
+# "unreachable": failed as a retry can fix (W&B unreachable or failing: exit 75).
+SyncState = Literal["running", "ok", "failed", "unreachable", "interrupted", "died"]
 
 
 @dataclass(frozen=True)

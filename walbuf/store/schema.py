@@ -107,7 +107,8 @@ syncs = sa.Table(
     sa.Column("id", sa.Integer, primary_key=True),
     sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id"), nullable=False),
     sa.Column("mode", sa.Text, nullable=False),  # "online" or "offline"
-    # "running" until it ends: "ok", "failed", or "interrupted" (its syncer died).
+    # "running" until it ends: "ok", "failed", "unreachable" (failed as a retry
+    # fixes: W&B unreachable or failing), or "interrupted" (its syncer died).
     sa.Column("status", sa.Text, nullable=False),
     sa.Column("started_at", sa.Float, nullable=False),
     sa.Column("finished_at", sa.Float),

@@ -314,7 +314,9 @@ def _possibly_delivered(conn: sa.Connection, run_id: int, found: dict[int, PlanW
     or interrupted upload's entry reaches as far as it handed records to
     wandb; a dead syncer's, as far as it planned.
     """
-    unconfirmed = sa.and_(syncs.c.run_id == run_id, syncs.c.status.in_(("running", "interrupted", "failed")))
+    unconfirmed = sa.and_(
+        syncs.c.run_id == run_id, syncs.c.status.in_(("running", "interrupted", "failed", "unreachable"))
+    )
     reach = conn.scalar(sa.select(sa.func.max(syncs.c.last_id)).where(unconfirmed))
     if reach is None:
         return 0

@@ -26,6 +26,7 @@ from ..errors import (
     MetricValueError,
     StorageError,
     TargetRefusedError,
+    UploadError,
 )
 from ..record import (
     LINE_OVERHEAD,
@@ -42,7 +43,7 @@ from ..record import (
 from ..store import Storage, Target
 from ..store.schema import config_entries, records, runs, syncs
 from ..store.storage import Confirmed
-from .budget import Budget
+from .budget import Budget, OutOfTime
 from .metrics import RunMetrics
 from .plan import Plan, PlanWriter, pending_filter
 from .results import ConfigChange, Quarantined, RefusedSetting, RunSync, SyncMode
@@ -175,7 +176,9 @@ def upload(
         why = f"interrupted ({str(exc) or 'Ctrl-C'})" if interrupted else str(exc) or type(exc).__name__
         with contextlib.suppress(StorageError):
             reached = max(replay.last_handled, replay.handed)
-            _failed(storage, plan, "interrupted" if interrupted else "failed", why, reached)
+            # What a retry fixes by itself (exit 75) is "unreachable": no person is needed.
+            retry = isinstance(exc, (UploadError, OutOfTime))
+            _failed(storage, plan, "interrupted" if interrupted else "unreachable" if retry else "failed", why, reached)
             if isinstance(exc, TargetRefusedError):
                 _refuse_target(storage, plan, str(exc))
         raise
