@@ -78,6 +78,14 @@ def test_help_lists_every_exit_code():
     assert "66  the buffer does not exist" in result.output
 
 
+@pytest.mark.parametrize("command", ["records", "status", "doctor", "prune"])
+def test_help_of_a_command_that_does_not_sync_lists_no_code_of_a_sync(command):
+    result = CliRunner().invoke(main, [command, "--help"])
+    listed = re.findall(r"^ +(\d+) ", result.output.split("Exit codes:")[1], re.MULTILINE)
+    assert "66" in listed and "77" in listed
+    assert not {"3", "11", "75"} & set(listed)  # quarantine, another sync, W&B
+
+
 def test_readme_lists_the_exit_codes_the_command_has():
     readme = (Path(__file__).parent.parent / "README.md").read_text()
     assert exitcodes.markdown_table() in readme

@@ -41,6 +41,7 @@ from .syncer.follow import follow as follow_buffer
 from .syncer.wandb_run import kill_wandb_core
 
 EXIT_HELP = exitcodes.help_text()
+NOT_SYNCING_HELP = exitcodes.help_text(exitcodes.NOT_SYNCING)
 CRON_MAX_SECONDS = 540.0  # ends each sync before the next one of a 10-minute crontab starts
 # After --max-seconds, how long the process may take to end before it is ended.
 PROCESS_GRACE = 0.5
@@ -176,7 +177,7 @@ def _buffer_given(ctx: click.Context, param: click.Parameter, value: str) -> str
     return value
 
 
-@main.command(epilog=EXIT_HELP)
+@main.command(epilog=NOT_SYNCING_HELP)
 @click.argument("buffer", callback=_buffer_given)
 @click.option("--run", help="Only records of this run.")
 @click.option("--writer", help="Only records of this writer.")
@@ -588,7 +589,7 @@ def _shown(buffer: str) -> str:
         return "(a buffer URL walbuf cannot read)"
 
 
-@main.command(epilog=EXIT_HELP)
+@main.command(epilog=NOT_SYNCING_HELP)
 @click.argument("buffer", callback=_buffer_given)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: per run and writer, records and pending counts.")
 def status(buffer: str, as_json: bool) -> None:
@@ -638,7 +639,7 @@ def status(buffer: str, as_json: bool) -> None:
             click.echo(f"  last sync {when} ({s.mode}): {s.status}, {_records(s.records)}{detail}")
 
 
-@main.command(epilog=EXIT_HELP)
+@main.command(epilog=NOT_SYNCING_HELP)
 @click.argument("buffer", callback=_buffer_given)
 @click.option(
     "--older-than",
@@ -665,7 +666,7 @@ def prune(buffer: str, older_than: float, quiet: bool) -> None:
         )
 
 
-@main.command(epilog=EXIT_HELP)
+@main.command(epilog=NOT_SYNCING_HELP)
 @click.argument("buffer", callback=_buffer_given)
 def doctor(buffer: str) -> None:
     """Check BUFFER: integrity, journal mode, schema, pending records, syncs cut off or failed.

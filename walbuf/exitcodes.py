@@ -92,6 +92,10 @@ EXIT_CODES: tuple[ExitCode, ...] = (
     SIGTERM,
 )
 
+# What a command that does not sync can end with (records, status, doctor,
+# prune): never a sync's lock, quarantine or W&B.
+NOT_SYNCING: tuple[ExitCode, ...] = tuple(c for c in EXIT_CODES if c not in (QUARANTINED, LOCKED, TEMPFAIL))
+
 # Most specific first: the first class an error is an instance of decides.
 _FOR_ERROR: tuple[tuple[type[WalbufError], ExitCode], ...] = (
     (SyncLockedError, LOCKED),
@@ -116,10 +120,10 @@ def for_error(exc: WalbufError) -> ExitCode:
     return next(code for kind, code in _FOR_ERROR if isinstance(exc, kind))
 
 
-def help_text() -> str:
-    """The table as the CLI's --help shows it."""
+def help_text(codes: tuple[ExitCode, ...] = EXIT_CODES) -> str:
+    """The table (or the ``codes`` a command can end with) as the CLI's --help shows it."""
     lines = ["\b", "Exit codes:"]
-    for c in EXIT_CODES:
+    for c in codes:
         lines += textwrap.wrap(c.meaning, 72, initial_indent=f"  {c.code:<3} ", subsequent_indent=" " * 6)
     return "\n".join(lines) + "\n"
 
