@@ -214,6 +214,26 @@ def test_https_against_a_plain_http_server_exits_78_naming_the_scheme(server, bu
     assert status(buffer)["pending"] == 1
 
 
+@pytest.mark.parametrize("version", ["0.19.0", "0.32.0", "1.0.0"])
+def test_a_wandb_outside_the_tested_range_is_refused_before_anything_is_sent(server, buffer, tmp_path, version):
+    log_steps(buffer, [0])
+    stub = tmp_path / "other-wandb" / "wandb"  # another wandb release, as far as walbuf can tell
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text(f"__version__ = {version!r}\n")
+    proc = run_sync(server, buffer, env={"PYTHONPATH": str(stub.parent)})
+    assert proc.returncode == 78, proc.stderr
+    assert f"tested with wandb>=0.31.0,<0.32, and this environment has wandb {version}" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert server.runs == {} and status(buffer)["pending"] == 1 and status(buffer)["last_sync"] is None
+
+
+def test_pyproject_declares_the_wandb_range_the_sync_checks():
+    from walbuf.syncer.wandb_run import WANDB_RANGE
+
+    pyproject = (Path(__file__).parent.parent / "pyproject.toml").read_text()
+    assert f'"{WANDB_RANGE}",' in pyproject
+
+
 def test_a_malformed_wandb_base_url_exits_78_not_75(server, buffer):
     log_steps(buffer, [0])
     proc = run_sync(server, buffer, env={"WANDB_BASE_URL": "htp//not a url"})

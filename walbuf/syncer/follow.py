@@ -41,7 +41,7 @@ from .budget import Budget
 from .plan import runs_to_sync
 from .results import SyncResult
 from .syncer import holding_sync_lock, sync_pass
-from .wandb_run import renew_wandb, restart_wandb
+from .wandb_run import check_wandb, renew_wandb, restart_wandb
 
 _log = logging.getLogger(__name__)
 
@@ -88,6 +88,7 @@ def follow(
     interval = seconds("interval", interval, positive=True)
     renew_every = count("renew_every", renew_every)
     overrides = check_target(Target(run_id, project, entity))
+    check_wandb()
     waiting = stop if stop is not None else threading.Event()
     located = None
     said = False

@@ -47,7 +47,7 @@ from .finish import outcome
 from .plan import plan, runs_to_sync
 from .results import SYNC_MODES, RunSync, SyncMode, SyncResult
 from .upload import OpenRun, upload
-from .wandb_run import WandbRun
+from .wandb_run import WandbRun, check_wandb
 
 _log = logging.getLogger(__name__)
 
@@ -108,6 +108,7 @@ def sync(
     located = open_buffer(buffer)
     if dry_run:
         return _dry_run(located, run, overrides, mode, budget)
+    check_wandb()
     with holding_sync_lock(located, wait):
         if take_over:
             located.take_over_sync()
