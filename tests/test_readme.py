@@ -65,3 +65,11 @@ def test_every_relative_link_of_the_docs_leads_to_a_file_of_the_checkout():
             if not (page.parent / target).exists():
                 broken.append(f"{page.relative_to(root)}: {target}")
     assert broken == []
+
+
+def test_readme_says_how_many_options_sync_has():
+    from walbuf.cli import main
+
+    options = [p for p in main.commands["sync"].params if p.param_type_name == "option"]
+    line = next(line for line in README.read_text().splitlines() if line.startswith("walbuf sync BUFFER"))
+    assert f"# {len(options)} options: --help" in line

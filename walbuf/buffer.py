@@ -1,8 +1,10 @@
 """What a buffer location is: the one place that tells a database from a directory buffer.
 
 :func:`open_buffer` turns what a user gives (a path, a ``sqlite:///`` or
-``postgresql+psycopg://`` URL, a directory) into a :data:`Buffer`, and is
-the only code that raises "there is no buffer here". A Buffer is a resolved
+``postgresql+psycopg://`` URL, a directory) into a :data:`Buffer`, and says
+"there is no buffer here" where there is no file or directory; a database
+that turns out empty when opened is said so by the store
+(walbuf.store.storage: BufferNotFoundError, which a follow waits out). A Buffer is a resolved
 location, cheap to make and picklable; it opens connections only when asked
 (:meth:`open_store`, :meth:`open_segment`), and what it opens for reading
 never creates or changes anything.
