@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import grp
+import json
 import logging
 import math
 import os
@@ -217,6 +218,28 @@ def buffer_exists(buffer: Path | str) -> bool:
             return sa.inspect(conn).has_table("alembic_version")
     finally:
         engine.dispose()
+
+
+def walbuf_command(*args, env=None, timeout=120):
+    """`walbuf ARGS` in its own process, as a user runs it (``env`` added to this one's environment)."""
+    return subprocess.run(
+        [sys.executable, "-m", "walbuf", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def the_run(server, buffer=None, run=None):
+    """The W&B run the fake server holds: its only one; or, given a buffer, the one walbuf run ``run`` (the buffer's
+    only run if None) was synced into."""
+    if buffer is None:
+        (fake_run,) = server.runs.values()
+        return fake_run
+    listed = json.loads(walbuf_command("status", "--json", buffer).stdout)["runs"]
+    (wandb_id,) = [r["wandb_id"] for r in listed if run is None or r["run"] == run]
+    return server.run(wandb_id)
 
 
 def run_sync(server, buffer, *args, timeout=120, env=None, quiet=True, prefix=()):

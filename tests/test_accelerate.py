@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import rows_of, run_sql, run_sync
+from conftest import rows_of, run_sql, run_sync, the_run
 
 import walbuf
 from walbuf import ConfigError
@@ -40,11 +40,6 @@ def torchrun(script: Path, *args: str, env: dict[str, str] | None = None) -> dic
 
 
 REPORT = re.compile(r'\{"process": "[^"]*", "wandb_imported": (?:true|false)\}')
-
-
-def the_run(server):
-    (fake_run,) = server.runs.values()
-    return fake_run
 
 
 def test_two_processes_log_into_one_run_with_config_histogram_and_image(server, tmp_path):

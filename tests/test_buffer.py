@@ -8,14 +8,13 @@ doctor, sync --dry-run) and by a writer.
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_sync
+from conftest import run_sync, walbuf_command
 
 import walbuf
 from walbuf.directory.layout import ENV_HOST, MARKER
@@ -38,12 +37,6 @@ def snapshot(root: Path) -> dict[str, bytes | None]:
         elif not name.endswith("-shm"):
             found[name] = path.read_bytes()
     return found
-
-
-def walbuf_command(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "walbuf", *args], capture_output=True, text=True, env={**os.environ, **(env or {})}
-    )
 
 
 def another_apps_database(path: Path, journal: str = "delete") -> Path:

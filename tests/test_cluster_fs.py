@@ -17,7 +17,7 @@ from pathlib import Path
 
 import fsbed
 import pytest
-from conftest import rows_of, run_sync
+from conftest import rows_of, run_sync, the_run
 
 pytestmark = pytest.mark.slow  # mounts, real processes and syncs
 
@@ -78,11 +78,6 @@ def on_b(*command, env=None, **popen):
     return subprocess.Popen(
         [*fsbed.ON_B, sys.executable, *command], env={**os.environ, "WALBUF_HOST": "hostB", **(env or {})}, **popen
     )
-
-
-def the_run(server):
-    (fake_run,) = server.runs.values()
-    return fake_run
 
 
 def steps_of(fake_run, writer):

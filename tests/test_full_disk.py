@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import rows_of, run_sync
+from conftest import rows_of, run_sync, walbuf_command
 
 import walbuf
 
@@ -59,12 +59,6 @@ def disk():
             yield SmallDisk(Path(mountpoint))
         finally:
             subprocess.run(["umount", "-l", mountpoint], check=True)
-
-
-def walbuf_command(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "walbuf", *args], capture_output=True, text=True, env={**os.environ, **(env or {})}
-    )
 
 
 def logged(path: Path, n: int = RECORDS) -> None:

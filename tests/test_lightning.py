@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import rows_of, run_sql, run_sync
+from conftest import rows_of, run_sql, run_sync, the_run
 from pytorch_lightning.loggers.logger import DummyExperiment
 
 import walbuf
@@ -39,11 +39,6 @@ def example(buffer, strategy, *options):
 
 def train(buffer, strategy):
     return {process: report["wandb_imported"] for process, report in example(buffer, strategy).items()}
-
-
-def the_run(server):
-    (fake_run,) = server.runs.values()
-    return fake_run
 
 
 @pytest.mark.parametrize("strategy", ["ddp_spawn", "ddp"])

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import as_reader, legacy_shard, rows_of, run_sync
+from conftest import as_reader, legacy_shard, rows_of, run_sync, the_run
 from fsbed import ON_B
 
 import walbuf
@@ -80,11 +80,6 @@ def status_on(host, directory):
     )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
-
-
-def the_run(server):
-    (fake_run,) = server.runs.values()
-    return fake_run
 
 
 def steps_of(fake_run, writer):

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import legacy_shard, log_shard, rows_of, run_sync, writer_frame
+from conftest import legacy_shard, log_shard, rows_of, run_sync, walbuf_command, writer_frame
 
 import walbuf
 from walbuf.store.storage import writer_lock_name
@@ -55,16 +55,6 @@ def log(buffer, writer="trainer", n=3, run="exp", **settings):
     with walbuf.Writer(buffer, writer=writer, run=run, **settings) as w:
         for i in range(n):
             w.log({"loss": 1.0 / (i + 1)})
-
-
-def walbuf_command(*args, env=None, timeout=120):
-    return subprocess.run(
-        [sys.executable, "-m", "walbuf", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def cron(server, buffer):
