@@ -9,6 +9,7 @@ machine's. Uploads are asserted on what the W&B fake received.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import fsbed
 import pytest
-from conftest import rows_of, run_sync, the_run
+from conftest import rows_of, run_sync, the_run, walbuf_command
 
 pytestmark = pytest.mark.slow  # mounts, real processes and syncs
 
@@ -256,3 +257,19 @@ def test_a_writer_starting_on_one_host_waits_out_a_transaction_of_another_on_the
     out, errors = writer.communicate(timeout=120)
     assert writer.returncode == 0, errors
     assert out.split() == ["2999", "3000"]
+
+
+@pytest.mark.parametrize("bed", ["passfs-local"], indirect=True)
+def test_a_sync_left_running_shows_as_died_on_the_sync_host_and_as_running_where_its_lock_is_not_seen(server, bed):
+    log_on(bed.a, "hostA", "ra", 3)
+    assert sync_on_a(server, bed).returncode == 0  # A syncs this buffer from now on
+    hub = sqlite3.connect(bed.export / "buf" / "hub.db")
+    with hub:  # as a sync on A killed during an upload leaves its entry
+        hub.execute("UPDATE syncs SET status = 'running', finished_at = NULL WHERE id = (SELECT max(id) FROM syncs)")
+    hub.close()
+    on_a = walbuf_command("status", "--json", buffer_on(bed.a), env={"WALBUF_HOST": "hostA"})
+    assert json.loads(on_a.stdout)["runs"][0]["last_sync"]["status"] == "died"
+    status_b = on_b("-m", "walbuf", "status", "--json", buffer_on(bed.b), stdout=subprocess.PIPE, text=True)
+    assert json.loads(status_b.communicate(timeout=120)[0])["runs"][0]["last_sync"]["status"] == "running"
+    doctor_b = on_b("-m", "walbuf", "doctor", buffer_on(bed.b), stdout=subprocess.PIPE, text=True)
+    assert "sync lock: not examined: host hostA syncs this buffer" in doctor_b.communicate(timeout=120)[0]

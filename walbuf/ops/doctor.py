@@ -502,6 +502,14 @@ def _sync_findings(findings: list[Finding], storage: Storage, buffer: DatabaseBu
     except UntrustedPathError as exc:  # held by another role of the PostgreSQL server
         add(Finding("sync lock", False, str(exc), "see the message"))
         return
+    elsewhere = written_elsewhere(buffer.layout) if isinstance(buffer, DirectoryBuffer) else None
+    if elsewhere is not None:
+        add(
+            Finding(
+                "sync lock", True, f"not examined: host {elsewhere} syncs this buffer, and its lock is not seen here"
+            )
+        )
+        return
     if live:
         add(Finding("sync lock", True, "held: a walbuf sync is running now"))
         return
