@@ -6,7 +6,6 @@ W&B server; assertions are on the state the fake ends with.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -14,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_sync
+from conftest import run_sync, the_run
 from wandb_server import STALE_SECONDS
 
 import walbuf
@@ -24,14 +23,6 @@ pytestmark = [pytest.mark.backends("sqlite", "postgresql"), pytest.mark.slow]
 TESTS = Path(__file__).parent
 # What a primary writer uploads about its host and environment: not the job's, from a syncer.
 HOST_FILES = {"wandb-metadata.json", "requirements.txt", "config.yaml", "wandb-summary.json"}
-
-
-def the_run(server, buffer, run="exp"):
-    proc = subprocess.run(
-        [sys.executable, "-m", "walbuf", "status", str(buffer), "--json"], capture_output=True, text=True
-    )
-    wandb_id = next(r["wandb_id"] for r in json.loads(proc.stdout)["runs"] if r["run"] == run)
-    return server.run(wandb_id)
 
 
 def test_a_job_with_a_writer_open_stays_running_through_syncs(server, buffer):

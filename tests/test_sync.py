@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import rows_of, run_sql, run_sync
+from conftest import rows_of, run_sql, run_sync, the_run
 
 import walbuf
 from walbuf.syncer.syncer import _this_process
@@ -43,11 +43,6 @@ def log_records(buffer, writer, n, *, run="exp1", start=0, axis="step", **target
     with walbuf.Writer(buffer, writer=writer, run=run, step_axis=axis, **target) as w:
         for i in range(start, start + n):
             w.log({"loss": 1.0 / (i + 1), "i": i})
-
-
-def the_run(server, buffer, run="exp1"):
-    wandb_id = next(r["wandb_id"] for r in run_status(buffer)["runs"] if r["run"] == run)
-    return server.run(wandb_id)
 
 
 def test_every_record_arrives_once_on_its_writers_axis(server, buffer):
