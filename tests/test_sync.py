@@ -447,6 +447,39 @@ def test_missing_credentials_exit_78_not_75_and_advance_nothing(server, buffer, 
     assert pending(buffer) == {("exp1", "w"): 1}
 
 
+def test_without_credentials_the_sync_never_says_it_is_sending(server, buffer, tmp_path):
+    log_records(buffer, "w", 3)
+    env = {**os.environ, **server.env(), "HOME": str(tmp_path)}
+    del env["WANDB_API_KEY"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "walbuf", "sync", str(buffer)],
+        capture_output=True,
+        text=True,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 78 and "no W&B API key" in proc.stderr, proc.stderr
+    assert "sending" not in proc.stderr and "uploading" not in proc.stderr, proc.stderr
+
+
+class _CutOff(BaseException):
+    """What ends a sync in its own process once its upload began (a bug, a signal turned into an exception)."""
+
+
+def _cut_off(_run):
+    raise _CutOff
+
+
+def test_a_sync_cut_off_in_its_process_leaves_the_run_to_the_next_sync_of_that_process(in_process, buffer):
+    log_records(buffer, "w", 3)
+    with pytest.raises(_CutOff):
+        walbuf.sync(buffer, on_run=_cut_off)
+    # Without the cut-off upload abandoned, wandb's service still holds the run: "run ID ... is in use".
+    result = walbuf.sync(buffer)
+    assert result.records == 3
+    assert len(in_process.run(result.runs[0].target.wandb_id).history) == 3
+
+
 def config_of(fake_run):
     """The run's config as the fake holds it: key -> value (wandb sends {"value": ...} per key)."""
     return {k: v["value"] for k, v in fake_run.config.items() if k != "_wandb"}

@@ -44,6 +44,7 @@ class Upload:
     finished: bool = False  # finish() returned: W&B confirmed the upload
     exit_code: int | None = None
     preempting: bool = False  # marked preempting: the job goes on
+    abandoned: bool = False  # cut off before finish(): nothing more of it is sent
     finish_state: bool = False  # opened to set the run's state at finish (a shared-mode writer leaves it alone)
     steps: list[int | None] = field(default_factory=list)  # the step each row was logged at (offline mode)
 
@@ -100,6 +101,9 @@ class RecordingRun:
 
     def mark_preempting(self) -> None:
         self.upload.preempting = True
+
+    def abandon(self) -> None:
+        self.upload.abandoned = True
 
     def finish(self, exit_code: int | None = None) -> None:
         if self.failing:

@@ -80,7 +80,9 @@ def sync(
     bound the invocation; the rest waits for the next one. ``wait`` is how
     long to wait for another syncer of this buffer to finish before raising
     SyncLockedError. ``progress`` is called with the number of records sent
-    since its last call; ``on_run`` before each run's upload starts.
+    since its last call; ``on_run`` with a run's plan once W&B has opened
+    that run for its upload (credentials and target accepted), before any of
+    its records is sent.
 
     A directory buffer on a filesystem whose locks do not span hosts is
     synced from one host (walbuf.directory.sync_host): elsewhere this
@@ -238,8 +240,6 @@ def _upload(
     planned = plan(storage, name, overrides, mode, budget, dry_run=False, finishing=finish_code is not None)
     if planned is None:
         return None
-    if on_run is not None:
-        on_run(planned.report)
     try:
         return upload(
             storage,
@@ -248,6 +248,7 @@ def _upload(
             folder,
             budget,
             progress,
+            on_open=on_run,
             finish_code=finish_code,
             more_soon=more_soon,
             open_run=open_run,

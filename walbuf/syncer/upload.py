@@ -94,6 +94,8 @@ class RunSink(Protocol):
 
     def finish(self, exit_code: int | None = None) -> None: ...
 
+    def abandon(self) -> None: ...
+
 
 class OpenRun(Protocol):
     """Opens the run an upload sends into (WandbRun's constructor; see it for the arguments)."""
@@ -119,6 +121,7 @@ def upload(
     budget: Budget,
     progress: Callable[[int], None] | None,
     *,
+    on_open: Callable[[RunSync], None] | None = None,
     finish_code: int | None = None,
     more_soon: bool = False,
     open_run: OpenRun = WandbRun,
@@ -131,7 +134,9 @@ def upload(
     it short; else it leaves the run's state alone, but for marking it
     preempting (the job goes on; see walbuf.syncer.finish) unless
     ``more_soon``: another upload follows within seconds (``sync --follow``),
-    and W&B shows the run running meanwhile.
+    and W&B shows the run running meanwhile. ``on_open`` is called with the
+    plan's report once wandb has opened the run (credentials and target
+    accepted), before any record is handed over.
 
     A record W&B would refuse for good (it breaks walbuf's rules for what
     W&B takes, as an older walbuf let in, or wandb refuses its data) is
@@ -161,11 +166,19 @@ def upload(
                 init_timeout=budget.init_timeout(),
                 finish_state=finish_code is not None,
             )
-            replay.into(wandb_run, merged)
-            if finish_code is None and mode == "online" and not more_soon:
-                # The job goes on: say so, or W&B marks the run crashed once
-                # it has heard nothing for 5 minutes (walbuf.syncer.finish).
-                wandb_run.mark_preempting()
+            try:
+                if on_open is not None:
+                    on_open(plan.report)
+                replay.into(wandb_run, merged)
+                if finish_code is None and mode == "online" and not more_soon:
+                    # The job goes on: say so, or W&B marks the run crashed once
+                    # it has heard nothing for 5 minutes (walbuf.syncer.finish).
+                    wandb_run.mark_preempting()
+            except BaseException:
+                # Left open, wandb's service would keep the run in this process
+                # ("run ID ... is in use" to the next upload of it).
+                wandb_run.abandon()
+                raise
             wandb_run.finish(exit_code=finish_code)
     except BaseException as exc:
         # Whatever ended the upload is raised on; first its entry is closed

@@ -287,6 +287,14 @@ class WandbRun:
                 " (storage refuses an upload URL that expired; the next sync asks W&B for new ones)"
             )
 
+    def abandon(self) -> None:
+        """End the upload unfinished: nothing more of it is sent, and the next upload may open the run again.
+
+        For an upload cut off in this process (an exception before finish());
+        none of it is marked synced, and the service ends as restart_wandb() ends it.
+        """
+        restart_wandb()
+
 
 # The wandb releases walbuf's sync is tested with (pyproject.toml says the
 # same): it reaches into wandb's internals and wandb-core's messages
