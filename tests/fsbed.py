@@ -108,7 +108,20 @@ def mounted(base: Path, kind: str) -> Iterator[Bed]:
 
 
 @contextmanager
-def _passfs(base: Path, export: Path, points: tuple[Path, Path], options: list[str]) -> Iterator[None]:
+def lossy(base: Path, name: str) -> Iterator[Path]:
+    """A folder under ``base`` in which writes to files named ``name`` are acknowledged and lost (passfs --lose-writes).
+
+    Unmounted afterwards.
+    """
+    export, point = base / "lossy-export", base / "lossy"
+    for folder in (export, point):
+        folder.mkdir(mode=0o755, parents=True)
+    with _passfs(base, export, (point,), ["--lose-writes", name]):
+        yield point
+
+
+@contextmanager
+def _passfs(base: Path, export: Path, points: tuple[Path, ...], options: list[str]) -> Iterator[None]:
     daemons = []
     try:
         for point in points:

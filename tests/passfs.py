@@ -1,6 +1,7 @@
 """A FUSE passthrough of a folder, one mount of a two-"host" shared filesystem (tests/fsbed.py mounts it twice).
 
 Usage: passfs.py ROOT MOUNTPOINT [--locks span|local] [--kernel-cache] [--direct-io] [--attr-timeout T]
+                 [--lose-writes NAME]
 
 Each mount is a daemon of its own, with the kernel's caches of its own, as
 two hosts' clients of one server are:
@@ -17,6 +18,10 @@ two hosts' clients of one server are:
                   since rewritten in place (a client without close-to-open
                   consistency).
   --direct-io     no page cache at all; a shared mmap is refused (ENODEV).
+  --lose-writes NAME
+                  writes to files named NAME are acknowledged and lost, as on a
+                  filesystem that drops a file's data (a quota or a full disk
+                  its writer never hears of): the file stays empty.
 
 Prints "ready" once the filesystem is mounted (libfuse's init), then serves
 until unmounted. Runs as root (allow_other); needs /dev/fuse and libfuse 2.
@@ -41,6 +46,7 @@ parser.add_argument("--locks", choices=("span", "local"), default="span")
 parser.add_argument("--kernel-cache", action="store_true")
 parser.add_argument("--direct-io", action="store_true")
 parser.add_argument("--attr-timeout", type=float, default=1.0)
+parser.add_argument("--lose-writes", metavar="NAME")
 args = parser.parse_args()
 ROOT = os.path.realpath(args.root)
 _FLOCK = "hhqqi4x"  # struct flock on Linux x86_64/aarch64: type, whence, start, len, pid
@@ -168,6 +174,8 @@ class Passthrough(fuse.Operations):
 
     @_errors
     def write(self, path, data, offset, fi):
+        if os.path.basename(path) == args.lose_writes:
+            return len(data)
         return os.pwrite(fi.fh, data, offset)
 
     @_errors

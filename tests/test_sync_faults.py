@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import fsbed
 import pytest
 from conftest import rows_of, run_sql, run_sync, wandb_cores
 
@@ -466,3 +467,28 @@ def test_storage_refusing_an_image_upload_is_retried_later_and_never_refuses_the
     (fake_run,) = server.runs.values()
     assert any(name.startswith("media/images/") for name in fake_run.files)
     assert set(steps_arrived(server, buffer)) == {0, 1}
+
+
+# What confirms an upload is wandb-core's account of W&B's answers, never the absence of an error
+# line: where that account is lost (its log's writes dropped by the filesystem), nothing is marked synced.
+
+
+@pytest.mark.backends("sqlite")
+def test_a_failed_upload_whose_log_was_lost_marks_nothing_synced(server, buffer, tmp_path):
+    fsbed.require()
+    log_steps(buffer, range(2_000))
+    server.fail_with(500, "file_stream")
+    with fsbed.lossy(tmp_path, "debug-internal.log") as cache:
+        proc = run_sync(server, buffer, env={"XDG_CACHE_HOME": str(cache)})
+    assert proc.returncode == 75 and "W&B did not confirm the upload" in proc.stderr, proc.stderr
+    assert status(buffer)["pending"] == 2_000
+
+
+@pytest.mark.backends("sqlite")
+def test_an_upload_w_and_b_took_is_still_not_marked_synced_without_wandb_cores_account_of_it(server, buffer, tmp_path):
+    fsbed.require()
+    log_steps(buffer, range(20))
+    with fsbed.lossy(tmp_path, "debug-internal.log") as cache:
+        proc = run_sync(server, buffer, env={"XDG_CACHE_HOME": str(cache)})
+    assert proc.returncode == 75 and "holds no account of the upload" in proc.stderr, proc.stderr
+    assert status(buffer)["pending"] == 20  # sent again by the next sync: at least once, never lost

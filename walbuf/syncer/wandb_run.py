@@ -26,6 +26,7 @@ import hashlib
 import importlib
 import io
 import json
+import logging
 import os
 import re
 import signal
@@ -91,11 +92,16 @@ class WandbRun:
             # run.finish() then waited (docs/performance.md). One post per 2 s is
             # a quarter of W&B's default limit of 2 requests/s per run (W&B docs, rate limits).
             x_file_stream_transmit_interval=FILE_STREAM_INTERVAL,
+            # The file_stream's account of its requests, which confirms an
+            # upload (_unconfirmed), is logged at INFO: never at a level above it.
+            x_log_level=logging.INFO,
             **_retry_settings(),
         )
         directory.mkdir(parents=True, exist_ok=True)
         self._images = directory / "walbuf-images"  # each image's PNG, until wandb has copied it
         self._batcher: _Batcher | None = None  # while in batched()
+        self._rows = 0  # history rows handed to wandb: what W&B must be seen to have taken
+        self._finishing = finish_state and shared  # its last file_stream request must carry the finish
         try:
             self._run = wandb.init(
                 id=target.wandb_id,
@@ -218,6 +224,7 @@ class WandbRun:
                     self._run.log(row, step=step)  # wandb.log copies the row
         except (ValueError, TypeError) as exc:
             raise RowRefused(f"wandb refused the row: {_describe(exc)}") from exc
+        self._rows += 1
 
     def _wandb_images(self, row: dict[str, Any], files: list[Path]) -> dict[str, Any]:
         """The stored images of ``row`` as wandb.Image objects of files in the working folder (added to ``files``)."""
@@ -277,6 +284,13 @@ class WandbRun:
         problem, refused_files = _upload_failure(self._run)
         if problem is not None:
             raise failure(problem, "uploading")
+        if self.mode == "online":
+            unconfirmed = _unconfirmed(Path(self._run.settings.log_internal), self._rows, self._finishing)
+            if unconfirmed is not None:
+                raise UploadError(
+                    f"W&B did not confirm the upload: {unconfirmed}; so nothing was marked synced, and the next"
+                    " sync sends it again (retry later)"
+                )
         if refused_files:
             # A per-file refusal of W&B's storage (an upload URL that expired, a
             # bucket policy) says nothing of the run's target: retry later.
@@ -716,6 +730,55 @@ def _upload_failure(run: Any) -> tuple[str | None, list[str]]:
             status = f' "status":{entry["status"]}' if isinstance(entry.get("status"), int) else ""
             errors.append(f"{message}{status}")
     return ("\n".join(errors) if errors else None), files
+
+
+def _unconfirmed(log: Path, rows: int, finishing: bool) -> str | None:
+    """Why wandb-core's own account of an online upload does not show W&B taking all of it (None: it does).
+
+    The evidence is positive: wandb-core's file_stream logs each request it
+    makes ("filestream: sending request", with the history lines it carries
+    and whether it finishes the run) and, only once W&B answered it with
+    success, "filestream: request sent" with the HTTP status (wandb 0.31,
+    core filestream/filestreamimpl.go send() and logRequestSummary; requests
+    go one at a time, transmitloop.go). The upload counts as confirmed when
+    every request of this run's stream (the lines after its last "stream:
+    starting": the log is opened for appending, and two uploads of one run
+    in one second share a run folder) was answered 2xx, the answered ones
+    carry at least the ``rows`` handed over, and, when ``finishing``, one
+    of them carried the run's finish. A log that is missing, empty, cut off
+    or in a form this does not know confirms nothing.
+    """
+    try:
+        text = log.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return "wandb-core wrote no log of the upload, which is where it accounts for what W&B took"
+    requests: list[dict[str, Any]] = []  # each: the request's own log line, "status" added once answered
+    started = False
+    for line in text.splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut off (the log's disk full): it confirms nothing
+        if not isinstance(entry, dict):
+            continue
+        message = entry.get("msg")
+        if message == "stream: starting":
+            started, requests = True, []
+        elif message == "filestream: sending request":
+            requests.append(entry)
+        elif message == "filestream: request sent" and requests:
+            requests[-1]["status"] = str(entry.get("status", ""))
+    if not started:
+        return "wandb-core's log holds no account of the upload (it is empty, or in a form walbuf does not know)"
+    answered = [r for r in requests if r.get("status", "").startswith("2")]
+    if len(answered) < len(requests):
+        return f"W&B answered {len(answered)} of wandb-core's {len(requests)} file_stream requests"
+    lines = sum(r["history_lines"] for r in answered if isinstance(r.get("history_lines"), int))
+    if lines < rows:
+        return f"W&B took {lines:,} of the {rows:,} history rows handed to wandb"
+    if finishing and not any(r.get("complete") is True for r in answered):
+        return "W&B was not seen to take the run's finish"
+    return None
 
 
 def _describe(exc: BaseException) -> str:
