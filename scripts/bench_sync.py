@@ -47,7 +47,7 @@ from pathlib import Path
 
 import walbuf  # noqa: E402
 from walbuf import Target, sync  # noqa: E402
-from walbuf.syncer.wandb_run import WandbRun  # noqa: E402
+from walbuf.syncer.wandb import WandbRun  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 

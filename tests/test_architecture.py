@@ -110,7 +110,7 @@ def test_only_the_wandb_adapter_imports_wandb():
                 names = [node.module or ""]
             if any(n == "wandb" or n.startswith("wandb.") for n in names):
                 importers.append(module_name(path))
-    assert sorted(set(importers)) == ["walbuf.syncer.wandb_run"]
+    assert importers and all(m.startswith("walbuf.syncer.wandb.") for m in importers), sorted(set(importers))
 
 
 def test_every_package_of_walbuf_is_installed():

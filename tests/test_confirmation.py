@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from walbuf.syncer.wandb_run import _unconfirmed
+from walbuf.syncer.wandb.confirmation import unconfirmed as _unconfirmed
 
 
 def _line(msg, **fields):

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
 import walbuf
-from walbuf.syncer import wandb_run as wandb_adapter
+from walbuf.syncer.wandb import run as wandb_adapter
 
 pytestmark = [pytest.mark.backends("sqlite", "postgresql"), pytest.mark.slow]
 
@@ -29,7 +29,7 @@ def _crash(_run: object) -> None:
     raise Crash
 
 
-_DEFAULT_RETRIES = wandb_adapter._retry_settings
+_DEFAULT_RETRIES = wandb_adapter.retry_settings
 
 
 def _fast_retries() -> dict[str, object]:
@@ -112,7 +112,7 @@ def test_sync_state_machine(wandb_session_server, backend, tmp_path, monkeypatch
     for name, value in wandb_session_server.env().items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    monkeypatch.setattr(wandb_adapter, "_retry_settings", _fast_retries)
+    monkeypatch.setattr(wandb_adapter, "retry_settings", _fast_retries)
     SyncMachine.server = wandb_session_server
     SyncMachine.backend = backend
     run_state_machine_as_test(

@@ -229,7 +229,7 @@ def test_a_wandb_outside_the_tested_range_is_refused_before_anything_is_sent(ser
 
 
 def test_pyproject_declares_the_wandb_range_the_sync_checks():
-    from walbuf.syncer.wandb_run import WANDB_RANGE
+    from walbuf.syncer.wandb import WANDB_RANGE
 
     pyproject = (Path(__file__).parent.parent / "pyproject.toml").read_text()
     assert f'"{WANDB_RANGE}",' in pyproject

@@ -28,7 +28,7 @@ from walbuf.record import MAX_LINE_BYTES
 from walbuf.store import Target
 from walbuf.syncer.budget import Budget
 from walbuf.syncer.syncer import sync_pass
-from walbuf.syncer.wandb_run import RowRefused
+from walbuf.syncer.wandb import RowRefused
 
 
 @dataclass

@@ -38,7 +38,7 @@ from .syncer import sync as sync_buffer
 from .syncer.budget import end_process_after, process_age
 from .syncer.follow import DEFAULT_INTERVAL
 from .syncer.follow import follow as follow_buffer
-from .syncer.wandb_run import kill_wandb_core
+from .syncer.wandb import stop_uploads
 
 EXIT_HELP = exitcodes.help_text()
 NOT_SYNCING_HELP = exitcodes.help_text(exitcodes.NOT_SYNCING)
@@ -379,7 +379,7 @@ def _bound_process(options: dict[str, Any], folder: str, overrun: Callable[[str]
     )
 
     def last_words() -> int:
-        kill_wandb_core()
+        stop_uploads()
         shutil.rmtree(folder, ignore_errors=True)
         return overrun(why)
 

@@ -8,7 +8,7 @@ one log() is one row of the buffer, committed at once, and every guarantee of
 records (a kill -9 loses none, directory buffers deliver them, prune
 reclaims them, a bad one is quarantined) holds for images unchanged. The
 cost is base64's third more bytes than the PNG. The syncer hands each image
-to wandb as a ``wandb.Image`` of the same PNG (see walbuf.syncer.wandb_run).
+to wandb as a ``wandb.Image`` of the same PNG (see walbuf.syncer.wandb.media).
 
 Needs Pillow, in the writer to encode and in the syncer for wandb.Image:
 ``pip install 'walbuf[media]'``.

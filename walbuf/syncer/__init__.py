@@ -7,7 +7,7 @@
 - :mod:`.metrics`: the run's metric definitions, key claims and last values
 - :mod:`.finish`: when a sync finishes the W&B run, and with which exit code
 - :mod:`.budget`: the bound of --max-records and --max-seconds
-- :mod:`.wandb_run`: the one module that imports wandb
+- :mod:`.wandb`: the one package that imports wandb
 - :mod:`.results`: what a sync did
 
 The key scheme (docs/logging.md): a writer with prefix ``p`` (by default its writer

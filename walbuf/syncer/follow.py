@@ -41,7 +41,7 @@ from .budget import Budget
 from .plan import runs_to_sync
 from .results import SyncResult
 from .syncer import holding_sync_lock, sync_pass
-from .wandb_run import check_wandb, renew_wandb, restart_wandb
+from .wandb import check_wandb, renew_wandb, restart_wandb
 
 _log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ For each run with pending records, one sync:
    the pending records up to the newest one at that moment; what writers
    append meanwhile waits for the next sync,
 4. replays the records into one wandb run in shared mode (:mod:`.upload`,
-   through :mod:`.wandb_run`, the only module that imports wandb),
+   through :mod:`.wandb`, the only package that imports wandb),
 5. and only when wandb confirms the upload, advances the writers' cursors and
    marks the sync done, in one transaction.
 
@@ -47,7 +47,7 @@ from .finish import outcome
 from .plan import plan, runs_to_sync
 from .results import SYNC_MODES, RunSync, SyncMode, SyncResult
 from .upload import OpenRun, upload
-from .wandb_run import WandbRun, check_wandb
+from .wandb import WandbRun, check_wandb
 
 _log = logging.getLogger(__name__)
 

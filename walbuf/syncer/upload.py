@@ -47,7 +47,7 @@ from .budget import Budget, OutOfTime
 from .metrics import RunMetrics
 from .plan import Plan, PlanWriter, pending_filter
 from .results import ConfigChange, Quarantined, RefusedSetting, RunSync, SyncMode
-from .wandb_run import RowRefused, WandbRun  # it imports wandb itself, when a run is opened
+from .wandb import RowRefused, WandbRun  # it imports wandb itself, when a run is opened
 
 READ_CHUNK = 2000  # records per read transaction: short snapshots let the WAL checkpoint
 _KNOWN_MAX = 10_000  # record shapes remembered per upload
@@ -70,7 +70,7 @@ class _Shape(NamedTuple):
 
 
 class RunSink(Protocol):
-    """What an upload needs of the W&B run it sends into: walbuf.syncer.wandb_run.WandbRun, or a test's stand-in.
+    """What an upload needs of the W&B run it sends into: walbuf.syncer.wandb.WandbRun, or a test's stand-in.
 
     Each method raises what WandbRun's raises: RowRefused for one row wandb
     refuses, UploadError, ConfigError or TargetRefusedError for the upload.

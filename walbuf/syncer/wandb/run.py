@@ -1,0 +1,320 @@
+"""The W&B run an upload sends into: its settings, its life (open, rows, summary, finish), what confirms it."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import logging
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ...errors import ConfigError, MetricValueError, UploadError
+from ...image import TYPE as IMAGE
+from ...image import png_of
+from ...store import Target
+from ..results import SyncMode
+from .confirmation import unconfirmed
+from .failures import LOGIN, REINSTALL, describe, failure, init_failure, init_log, settings_problem, upload_failure
+from .handover import PLAIN, Batcher
+from .media import histograms, pillow
+from .service import core_connection, own_service_only, restart_wandb
+
+FILE_STREAM_INTERVAL = 2.0  # seconds between wandb-core's history posts (whole seconds: wandb-core truncates)
+
+
+class WandbRun:
+    """One upload into the W&B run ``target`` (the syncer's only view of wandb).
+
+    wandb writes its files (the run folder, its logs) under ``directory``:
+    the offline run directory, or a working folder the syncer removes.
+    """
+
+    def __init__(
+        self,
+        target: Target,
+        name: str | None,
+        mode: SyncMode,
+        directory: Path,
+        *,
+        config: dict[str, Any] | None = None,
+        init_timeout: float = 90.0,
+        finish_state: bool = False,
+    ) -> None:
+        import wandb
+
+        own_service_only()
+        self.mode = mode
+        shared = mode == "online"
+        settings = wandb.Settings(
+            mode="shared" if shared else "offline",
+            # Not the run's primary writer: this host's metadata, requirements
+            # and config files are not the job's. And the run's state is the
+            # job's: a sync leaves it alone unless it is to finish the run
+            # (walbuf.syncer.finish). W&B docs, "distributed training".
+            x_primary=not shared,
+            x_update_finish_state=finish_state or not shared,
+            x_label=f"walbuf-sync-{socket.gethostname()}-{os.getpid()}",
+            console="off",
+            x_disable_stats=True,
+            x_disable_machine_info=True,
+            x_save_requirements=False,  # the syncer's packages, not the job's (and listing them takes 0.1-0.2 s)
+            save_code=False,
+            disable_git=True,
+            disable_job_creation=True,
+            silent=True,
+            init_timeout=init_timeout,
+            # History goes out every 2 s, not every 15 s (wandb's default): with
+            # a long backlog, wandb-core's work per row grows with the rows
+            # waiting for the next post, and a sync outpaced it by seconds that
+            # run.finish() then waited (docs/performance.md). One post per 2 s is
+            # a quarter of W&B's default limit of 2 requests/s per run (W&B docs, rate limits).
+            x_file_stream_transmit_interval=FILE_STREAM_INTERVAL,
+            # The file_stream's account of its requests, which confirms an
+            # upload (unconfirmed), is logged at INFO: never at a level above it.
+            x_log_level=logging.INFO,
+            **retry_settings(),
+        )
+        directory.mkdir(parents=True, exist_ok=True)
+        self._images = directory / "walbuf-images"  # each image's PNG, until wandb has copied it
+        self._batcher: Batcher | None = None  # while in batched()
+        self._rows = 0  # history rows handed to wandb: what W&B must be seen to have taken
+        self._finishing = finish_state and shared  # its last file_stream request must carry the finish
+        try:
+            self._run = wandb.init(
+                id=target.wandb_id,
+                project=target.project,
+                entity=target.entity,
+                name=name,
+                config=config or None,
+                dir=str(directory),
+                settings=settings,
+                reinit="create_new",
+            )
+        except wandb.errors.WandbCoreNotAvailableError as exc:
+            raise ConfigError(f"wandb cannot run its upload process: {describe(exc)}; {REINSTALL}") from exc
+        except OSError as exc:
+            if not str(exc.filename or "").endswith("wandb-core"):
+                raise
+            # wandb-core is there but cannot be executed (not executable, not a program for this machine).
+            raise ConfigError(f"wandb cannot run its upload process: {describe(exc)}; {REINSTALL}") from exc
+        except wandb.errors.AuthenticationError as exc:
+            raise ConfigError(f"W&B refused the credentials: {describe(exc)}; {LOGIN}") from exc
+        except wandb.errors.UsageError as exc:
+            if "API key" in str(exc) or "login" in str(exc):  # wandb's own words say `wandb login` already
+                raise ConfigError(f"wandb refused to start the upload: no W&B API key was found; {LOGIN}") from exc
+            raise ConfigError(f"wandb refused to start the upload: {describe(exc)}; fix the setting it names") from exc
+        except wandb.errors.Error as exc:
+            doing = f"opening W&B run {target.wandb_id!r}"
+            raise init_failure(exc, init_log(directory), doing) from exc
+        except ValueError as exc:  # wandb's settings (pydantic) refusing an environment variable
+            raise ConfigError(
+                f"wandb refused a setting: {settings_problem(exc)}; check WANDB_BASE_URL and the other WANDB_*"
+                " variables of this environment"
+            ) from exc
+
+    @property
+    def target(self) -> Target:
+        """The run's target as wandb resolved it (its default project and entity filled in)."""
+        return Target(self._run.id, self._run.project or None, self._run.entity or None)
+
+    @property
+    def offline_dir(self) -> str | None:
+        """The offline run directory (what `wandb sync` takes), in offline mode."""
+        if self.mode != "offline":
+            return None
+        return str(Path(self._run.dir).parent)
+
+    def define_metric(self, key: str, step_metric: str) -> None:
+        """Declare ``key`` to be plotted against ``step_metric`` (both history keys, as logged).
+
+        Raises RowRefused if wandb refuses the name.
+        """
+        import wandb
+
+        try:
+            with core_connection("declaring metrics"):
+                self._run.define_metric(_escape(key), step_metric=_escape(step_metric))
+        except (ValueError, TypeError, wandb.errors.Error) as exc:  # local: about the name, not the network
+            raise RowRefused(f"wandb refused to declare metric {key!r}: {describe(exc)}") from exc
+
+    def update_summary(self, summary: dict[str, Any]) -> None:
+        """Set the run's summary (after the rows: a row would replace a key it also holds).
+
+        Histograms in their stored form are sent as wandb.Histogram; an
+        image's reference as W&B keeps it (what :meth:`log` returned) as it is.
+        """
+        with core_connection("sending the summary"):
+            self._run.summary.update(histograms(summary))
+
+    def log(self, row: dict[str, Any], step: int | None = None) -> dict[str, Any]:
+        """Send one history row (histograms and images in their stored form); RowRefused if wandb refuses its data.
+
+        Returns the row's images as W&B holds them in the row: key -> the
+        reference to the image's file, which wandb uploads with the run.
+        """
+        if dict not in map(type, row.values()):  # the common case: no histogram, no image
+            self._log(row, step)
+            return {}
+        row = histograms(row)
+        files: list[Path] = []
+        try:
+            images = self._wandb_images(row, files)
+            self._log({**row, **images}, step)
+        finally:
+            for file in files:
+                file.unlink(missing_ok=True)
+        # wandb copied each file into its run folder while logging (Media.bind_to_run).
+        return {key: image.to_json(self._run) for key, image in images.items()}
+
+    @contextlib.contextmanager
+    def batched(self) -> Iterator[None]:
+        """Rows and definitions sent in the block reach wandb-core together, in order, when it ends.
+
+        wandb hands each record to its asyncio thread and waits for that
+        thread to write it (interface_sock.py: _publish -> asyncer.run), one
+        wake-up per row, most of a row's time in a sync. In the block, the
+        records wandb would publish one by one are kept, then handed over in
+        one call. Anything that waits for wandb-core's answer first hands
+        over what is kept. An exception leaving the block drops what is kept
+        (the upload fails; nothing is marked synced). With a wandb this was
+        not checked against (see Batcher.of), each record goes as before.
+        """
+        batcher = Batcher.of(self._run)
+        if batcher is None:
+            yield
+            return
+        with batcher.installed():
+            self._batcher = batcher
+            try:
+                yield
+                with core_connection("sending history"):
+                    batcher.flush()
+            finally:
+                self._batcher = None
+
+    def _log(self, row: dict[str, Any], step: int | None) -> None:
+        try:
+            with core_connection("sending history"):
+                if self._batcher is not None and step is None and PLAIN.issuperset(map(type, row.values())):
+                    self._batcher.log(self._run, row)
+                else:
+                    self._run.log(row, step=step)  # wandb.log copies the row
+        except (ValueError, TypeError) as exc:
+            raise RowRefused(f"wandb refused the row: {describe(exc)}") from exc
+        self._rows += 1
+
+    def _wandb_images(self, row: dict[str, Any], files: list[Path]) -> dict[str, Any]:
+        """The stored images of ``row`` as wandb.Image objects of files in the working folder (added to ``files``)."""
+        import wandb
+
+        pil = pillow()
+        images = {}
+        for key, value in row.items():
+            if type(value) is not dict or value.get("_type") != IMAGE:
+                continue
+            try:
+                png = png_of(value)
+                with pil.open(io.BytesIO(png)) as decoded:  # in memory: what fails is the data
+                    # open() read the header only. What the buffer says of the
+                    # image bounds what decoding it takes: no more than log() let in.
+                    if decoded.size != (value["width"], value["height"]):
+                        raise RowRefused(
+                            f"image {key!r} is stored as {value['width']}x{value['height']} pixels, but its PNG"
+                            f" is {decoded.width}x{decoded.height}: walbuf does not write such an image"
+                        )
+                    decoded.load()
+            except (MetricValueError, OSError, SyntaxError, ValueError, pil.DecompressionBombError) as exc:
+                raise RowRefused(f"image {key!r} cannot be read: {describe(exc)}") from exc
+            self._images.mkdir(exist_ok=True)
+            path = self._images / f"{hashlib.sha256(png).hexdigest()}.png"
+            files.append(path)
+            path.write_bytes(png)
+            images[key] = wandb.Image(str(path), caption=value["caption"])
+        return images
+
+    def mark_preempting(self) -> None:
+        """Tell W&B the run will send more later (wandb-core's "preempting" signal on the file_stream).
+
+        W&B marks a run crashed after about 5 minutes without a heartbeat
+        (W&B docs, sweeps "signal handling"); a run marked preempting is
+        shown preempting, then preempted, instead: "the run isn't dead and
+        [will] send more updates later" (core filestream/filestreamrequest.go).
+        """
+        with core_connection("marking the run preempting"):
+            self._run.mark_preempting()
+
+    def finish(self, exit_code: int | None = None) -> None:
+        """End the upload; raise UploadError or ConfigError unless wandb confirms everything was uploaded.
+
+        ``exit_code`` is the job's, sent as the run's state when the run was
+        opened with ``finish_state``.
+        """
+        import wandb
+
+        with contextlib.suppress(FileNotFoundError):
+            self._images.rmdir()  # empty: each image's file goes once wandb has copied it
+        try:
+            with core_connection("finishing the upload"):
+                self._run.finish(exit_code=exit_code)
+        except wandb.errors.Error as exc:
+            raise failure(str(exc), "finishing the upload") from exc
+        problem, refused_files = upload_failure(self._run)
+        if problem is not None:
+            raise failure(problem, "uploading")
+        if self.mode == "online":
+            missing = unconfirmed(Path(self._run.settings.log_internal), self._rows, self._finishing)
+            if missing is not None:
+                raise UploadError(
+                    f"W&B did not confirm the upload: {missing}; so nothing was marked synced, and the next"
+                    " sync sends it again (retry later)"
+                )
+        if refused_files:
+            # A per-file refusal of W&B's storage (an upload URL that expired, a
+            # bucket policy) says nothing of the run's target: retry later.
+            refused = list(dict.fromkeys(refused_files))  # one line per try of a file
+            names = ", ".join(refused[:3]) + (f" and {len(refused) - 3} more" if len(refused) > 3 else "")
+            raise UploadError(
+                f"W&B's file storage refused the upload of {names}, so nothing was marked synced; retry later"
+                " (storage refuses an upload URL that expired; the next sync asks W&B for new ones)"
+            )
+
+    def abandon(self) -> None:
+        """End the upload unfinished: nothing more of it is sent, and the next upload may open the run again.
+
+        For an upload cut off in this process (an exception before finish());
+        none of it is marked synced, and the service ends as restart_wandb() ends it.
+        """
+        restart_wandb()
+
+
+class RowRefused(Exception):
+    """wandb refused one row's data: the same row would be refused again. Caught by the syncer."""
+
+
+def _escape(key: str) -> str:
+    # wandb-core reads "." in define_metric names as nesting ("a.b" is b inside
+    # a) unless escaped; history keys are flat, so every dot is literal.
+    return key.replace(".", "\\.")
+
+
+def retry_settings() -> dict[str, Any]:
+    """Bounded retries: a W&B server that stays unreachable fails the sync in well under a minute.
+
+    The next sync (cron's next run) is the real retry; these only ride out
+    a blip.
+    """
+    return {
+        "x_graphql_retry_max": 3,
+        "x_graphql_retry_wait_min_seconds": 1,
+        "x_graphql_retry_wait_max_seconds": 5,
+        "x_file_stream_retry_max": 3,
+        "x_file_stream_retry_wait_min_seconds": 1,
+        "x_file_stream_retry_wait_max_seconds": 5,
+        "x_file_transfer_retry_max": 3,
+        "x_file_transfer_retry_wait_min_seconds": 1,
+        "x_file_transfer_retry_wait_max_seconds": 5,
+    }
