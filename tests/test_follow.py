@@ -14,7 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_sync, wandb_cores
+from conftest import run_sql, run_sync, wandb_cores
+
+import walbuf
 
 pytestmark = [pytest.mark.backends("sqlite"), pytest.mark.slow]
 
@@ -178,3 +180,20 @@ def test_a_follow_of_a_buffer_not_made_yet_says_what_it_waits_for_and_a_mistyped
         follow.kill()
     assert follow.returncode == 130, err
     assert "if it was uploading" in err and "an upload it cut off" not in err
+
+
+def test_a_follow_warns_of_a_record_it_quarantined_as_a_sync_does(server, buffer):
+    with walbuf.Writer(buffer, writer="w", run="exp") as w:
+        w.log({"i": 0})
+        (writer_id,) = run_sql(buffer, "SELECT id FROM writers WHERE name = 'w'")[0]
+        # A record an older walbuf let in, which W&B would refuse for good.
+        run_sql(
+            buffer,
+            "INSERT INTO records (writer_id, step, time, metrics) VALUES (:w, 1, 0, :m)",
+            {"w": writer_id, "m": '{"_step": 1}'},
+        )
+    follow = start_follow(server, buffer)  # the writer closed: the follow ends after one pass
+    _, err = follow.communicate(timeout=120)
+    assert follow.returncode == 0, err
+    assert "quarantined w step 1" in err and "walbuf records" in err
+    assert values(server) == [0]

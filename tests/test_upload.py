@@ -27,7 +27,7 @@ from walbuf.errors import TargetRefusedError, UploadError
 from walbuf.record import MAX_LINE_BYTES
 from walbuf.store import Target
 from walbuf.syncer.budget import Budget
-from walbuf.syncer.syncer import sync_pass
+from walbuf.syncer.syncer import PassChoices, sync_pass
 from walbuf.syncer.wandb import RowRefused
 
 
@@ -123,8 +123,7 @@ def sync_in_process(
     located = open_buffer(buffer)
     overrides = overrides or Target()
     with contextlib.suppress(UploadError):
-        return sync_pass(
-            located,
+        choices = PassChoices(
             run,
             overrides,
             mode,
@@ -133,6 +132,7 @@ def sync_in_process(
             open_run=stand_in.open,
             more_soon=more_soon,
         )
+        return sync_pass(located, choices)
     return walbuf.SyncResult(runs=())
 
 
@@ -293,17 +293,10 @@ def test_a_follow_of_one_run_uploads_it_once_it_exists_and_waits_before(buffer):
     stand_in = StandIn()
 
     def follow_pass() -> walbuf.SyncResult:  # as walbuf.follow syncs: a run no writer made yet is no error
-        return sync_pass(
-            open_buffer(buffer),
-            "exp1",
-            Target(),
-            "online",
-            buffer.parent / "wandb",
-            Budget(None, None),
-            more_soon=True,
-            missing_ok=True,
-            open_run=stand_in.open,
+        choices = PassChoices(
+            "exp1", directory=buffer.parent / "wandb", more_soon=True, missing_ok=True, open_run=stand_in.open
         )
+        return sync_pass(open_buffer(buffer), choices)
 
     with walbuf.Writer(buffer, writer="a", run="other") as a:
         a.log({"x": 0})
@@ -516,16 +509,8 @@ def test_the_progress_callback_counts_every_record_handled_and_the_result_each_w
     with walbuf.Writer(buffer, writer="a") as a, walbuf.Writer(buffer, writer="b") as b:
         for i in range(600):
             (a if i % 3 else b).log({"x": i})
-        result = sync_pass(
-            open_buffer(buffer),
-            None,
-            Target(),
-            "online",
-            buffer.parent / "wandb",
-            Budget(None, None),
-            progress=reported.append,
-            open_run=stand_in.open,
-        )
+        choices = PassChoices(directory=buffer.parent / "wandb", progress=reported.append, open_run=stand_in.open)
+        result = sync_pass(open_buffer(buffer), choices)
     assert sum(reported) == 600 and len(reported) >= 2  # after each batch
     assert result.runs[0].per_writer == {"a": 400, "b": 200}
 

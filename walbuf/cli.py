@@ -132,15 +132,12 @@ def _follow(options: dict[str, Any], interval: float, *, quiet: bool, verbose: b
         raise click.UsageError(f"--follow streams online until the job ends: it takes no {', '.join(given)}")
 
     def on_pass(result: SyncResult) -> None:
-        for run in result.runs:
-            if not quiet and (run.records or run.finished is not None):
-                click.echo(
-                    f"{time.strftime('%H:%M:%S')} {run.run} -> {_target_text(run)}: {_records(run.records)} synced"
-                )
-            if not quiet and run.finished is not None:
-                click.echo(_finished_line(run))
         for message in (*result.set_aside, *result.refused):
             click.echo(f"walbuf: warning: {message}", err=True)
+        for run in result.runs:
+            _say_warnings(run, options["buffer"])
+            if not quiet and (run.records or run.finished is not None):
+                _say_done(run, time.strftime("%H:%M:%S "))
 
     def on_retry(exc: WalbufError) -> None:
         click.echo(f"walbuf: warning: {exc}; the follow tries again in {interval:g}s", err=True)
@@ -428,31 +425,44 @@ def _run_sync(
     for message in (*result.set_aside, *result.refused):
         click.echo(f"walbuf: warning: {message}", err=True)
     for run in result.runs:
-        for c in run.config_changes:
-            click.echo(
-                f"walbuf: warning: run {run.run}: config {c.key!r} was {c.old_value!r} (from {c.old_writer})"
-                f" and was set again to {c.new_value!r} (by {c.new_writer}): W&B gets the later value",
-                err=True,
-            )
-        for q in run.quarantined[:QUARANTINE_SHOWN]:
-            click.echo(f"walbuf: warning: run {run.run}: quarantined {q.writer} step {q.step}: {q.reason}", err=True)
-        if len(run.quarantined) > QUARANTINE_SHOWN:
-            click.echo(
-                f"walbuf: warning: run {run.run}: and {len(run.quarantined) - QUARANTINE_SHOWN} more records"
-                " quarantined",
-                err=True,
-            )
-        if run.quarantined:
-            click.echo(
-                f"walbuf: warning: run {run.run}: {_records(len(run.quarantined))} quarantined: never sent, kept in the"
-                f" buffer; see them with `walbuf records {_shown(options['buffer'])} --quarantined`",
-                err=True,
-            )
-        for r in run.refused_settings:
-            click.echo(
-                f"walbuf: warning: run {run.run}: {r.kind} {r.key!r} (from {r.writer}) left out: {r.reason}", err=True
-            )
+        _say_warnings(run, options["buffer"])
     return result
+
+
+def _say_warnings(run: RunSync, buffer: str) -> None:
+    """On stderr, what a sync or a follow's pass warns of a run it synced (printed even when quiet)."""
+    for c in run.config_changes:
+        click.echo(
+            f"walbuf: warning: run {run.run}: config {c.key!r} was {c.old_value!r} (from {c.old_writer})"
+            f" and was set again to {c.new_value!r} (by {c.new_writer}): W&B gets the later value",
+            err=True,
+        )
+    for q in run.quarantined[:QUARANTINE_SHOWN]:
+        click.echo(f"walbuf: warning: run {run.run}: quarantined {q.writer} step {q.step}: {q.reason}", err=True)
+    if len(run.quarantined) > QUARANTINE_SHOWN:
+        click.echo(
+            f"walbuf: warning: run {run.run}: and {len(run.quarantined) - QUARANTINE_SHOWN} more records quarantined",
+            err=True,
+        )
+    if run.quarantined:
+        click.echo(
+            f"walbuf: warning: run {run.run}: {_records(len(run.quarantined))} quarantined: never sent, kept in the"
+            f" buffer; see them with `walbuf records {_shown(buffer)} --quarantined`",
+            err=True,
+        )
+    for r in run.refused_settings:
+        click.echo(
+            f"walbuf: warning: run {run.run}: {r.kind} {r.key!r} (from {r.writer}) left out: {r.reason}", err=True
+        )
+
+
+def _say_done(run: RunSync, stamp: str = "") -> None:
+    """What a sync or a follow's pass says of a run it synced: its records, its finish, its offline folder."""
+    click.echo(f"{stamp}{run.run} -> {_target_text(run)}: {_records(run.records)} synced")
+    if run.finished is not None:
+        click.echo(_finished_line(run))
+    if run.offline_dir:
+        click.echo(f"  upload it later with: wandb sync {run.offline_dir}")
 
 
 @main.command(epilog=EXIT_HELP)
@@ -514,13 +524,8 @@ def sync(
     elif not result.runs and not result.not_in_hub:
         click.echo("nothing to sync")
     for run in result.runs:
-        if dry_run:
-            continue
-        click.echo(f"{run.run} -> {_target_text(run)}: {_records(run.records)} synced")
-        if run.finished is not None:
-            click.echo(_finished_line(run))
-        if run.offline_dir:
-            click.echo(f"  upload it later with: wandb sync {run.offline_dir}")
+        if not dry_run:
+            _say_done(run)
     if dry_run:
         click.echo(f"dry run: {_records(result.records)} would be sent; nothing was changed")
     if result.not_in_hub:

@@ -37,10 +37,9 @@ from ..errors import BufferNotFoundError, UploadError
 from ..store import Storage, Target
 from ..store.schema import runs
 from ..store.target import check_target
-from .budget import Budget
 from .plan import runs_to_sync
 from .results import SyncResult
-from .syncer import holding_sync_lock, sync_pass
+from .syncer import PassChoices, holding_sync_lock, sync_pass
 from .wandb import check_wandb, renew_wandb, restart_wandb
 
 _log = logging.getLogger(__name__)
@@ -145,9 +144,8 @@ def _pass(
 ) -> SyncResult | None:
     """One sync of every run in scope, under the follow's lock; None if W&B or the network failed it."""
     try:
-        return sync_pass(
-            located, run, overrides, "online", None, Budget(None, None), check=check, more_soon=True, missing_ok=True
-        )
+        choices = PassChoices(run, overrides, check=check, more_soon=True, missing_ok=True)
+        return sync_pass(located, choices)
     except UploadError as exc:
         restart_wandb()
         if on_retry is not None:

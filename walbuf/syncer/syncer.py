@@ -30,7 +30,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -50,6 +50,34 @@ from .upload import OpenRun, upload
 from .wandb import WandbRun, check_wandb
 
 _log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PassChoices:
+    """What one sync pass was asked to do: built once by :func:`sync` or walbuf.follow, passed down whole.
+
+    ``run``: one run, or every run (None). ``overrides``: the W&B target
+    given (see :func:`sync`). ``directory``: where an offline run directory
+    goes. ``budget``: what the pass may spend. ``progress`` and ``on_run``:
+    as for :func:`sync`. ``check``: check the database whole for damage
+    first. ``more_soon``: the caller syncs again soon (walbuf.follow), so a
+    run whose job goes on is left running, not marked preempting.
+    ``missing_ok``: a ``run`` no writer has made yet is nothing to sync, not
+    an error. ``open_run``: what opens each upload's run (tests pass a
+    stand-in for wandb).
+    """
+
+    run: str | None = None
+    overrides: Target = field(default_factory=Target)
+    mode: SyncMode = "online"
+    directory: str | os.PathLike[str] | None = None
+    budget: Budget = field(default_factory=lambda: Budget(None, None))
+    progress: Callable[[int], None] | None = None
+    on_run: Callable[[RunSync], None] | None = None
+    check: bool = True
+    more_soon: bool = False
+    missing_ok: bool = False
+    open_run: OpenRun = WandbRun
 
 
 def sync(
@@ -108,13 +136,14 @@ def sync(
     wait = seconds("wait", wait)
     overrides = check_target(Target(run_id, project, entity))
     located = open_buffer(buffer)
+    choices = PassChoices(run, overrides, mode, directory, budget, progress, on_run)
     if dry_run:
-        return _dry_run(located, run, overrides, mode, budget)
+        return _dry_run(located, choices)
     check_wandb()
     with holding_sync_lock(located, wait):
         if take_over:
             located.take_over_sync()
-        return sync_pass(located, run, overrides, mode, directory, budget, progress, on_run)
+        return sync_pass(located, choices)
 
 
 @contextmanager
@@ -133,73 +162,30 @@ def holding_sync_lock(located: Buffer, wait: float) -> Iterator[None]:
         lock.release()
 
 
-def sync_pass(
-    located: Buffer,
-    run: str | None,
-    overrides: Target,
-    mode: SyncMode,
-    directory: str | os.PathLike[str] | None,
-    budget: Budget,
-    progress: Callable[[int], None] | None = None,
-    on_run: Callable[[RunSync], None] | None = None,
-    *,
-    check: bool = True,
-    more_soon: bool = False,
-    missing_ok: bool = False,
-    open_run: OpenRun = WandbRun,
-) -> SyncResult:
-    """One sync of ``run`` (or every run) under the sync lock the caller holds: take in, then upload and finish each
-    run.
+def sync_pass(located: Buffer, choices: PassChoices) -> SyncResult:
+    """One sync pass under the sync lock the caller holds: take in, then upload and finish each run in scope.
 
-    ``check``: check the database whole for damage first. ``more_soon``: the
-    caller syncs again soon (walbuf.follow), so a run whose job goes on is
-    left running, not marked preempting. ``missing_ok``: a ``run`` no writer
-    has made yet is nothing to sync, not an error. ``open_run``: what opens
-    each upload's run (tests pass a stand-in for wandb). Raises what
-    :func:`sync` raises.
+    Raises what :func:`sync` raises.
     """
-    source = located.open_for_sync(budget.spent, check=check)
+    budget = choices.budget
+    source = located.open_for_sync(budget.spent, check=choices.check)
     storage = source.storage
-    with storage, _wandb_folder(storage, directory, mode) as folder:
+    with storage, _wandb_folder(storage, choices.directory, choices.mode) as folder:
         done = []
         stopped = source.stopped
-        for name in runs_to_sync(storage, run, overrides.wandb_id, missing_ok=missing_ok) if not stopped else ():
+        names = runs_to_sync(storage, choices.run, choices.overrides.wandb_id, missing_ok=choices.missing_ok)
+        for name in names if not stopped else ():
             if budget.spent():
                 stopped = True
                 break
-            report = _sync_run(
-                storage,
-                located,
-                name,
-                overrides,
-                mode,
-                folder,
-                budget,
-                progress,
-                on_run,
-                more_soon=more_soon,
-                open_run=open_run,
-            )
+            report = _sync_run(storage, located, name, folder, choices)
             if report is not None:
                 done.append(report)
                 stopped = stopped or report.cut_short
         return SyncResult(runs=tuple(done), stopped_early=stopped, set_aside=source.set_aside, refused=source.refused)
 
 
-def _sync_run(
-    storage: Storage,
-    buffer: Buffer,
-    name: str,
-    overrides: Target,
-    mode: SyncMode,
-    folder: Path,
-    budget: Budget,
-    progress: Callable[[int], None] | None,
-    on_run: Callable[[RunSync], None] | None,
-    *,
-    more_soon: bool = False,
-    open_run: OpenRun = WandbRun,
-) -> RunSync | None:
+def _sync_run(storage: Storage, buffer: Buffer, name: str, folder: Path, choices: PassChoices) -> RunSync | None:
     """Upload one run's pending records, then finish its W&B run if its job is done; what was done, if anything.
 
     The finishing is an upload of its own, of no records (it sends the run's
@@ -207,51 +193,41 @@ def _sync_run(
     run would, if killed, leave the run finished by wandb's service before
     its last records arrived.
     """
-    report = _upload(storage, name, overrides, mode, folder, budget, progress, on_run, None, more_soon, open_run)
+    report = _upload(storage, name, folder, choices, None)
     if report is not None and report.cut_short:
         return report
-    if mode != "online" or budget.spent():
+    if choices.mode != "online" or choices.budget.spent():
         return report
     done = outcome(storage, buffer, name)
     if done is None:
         return report
     code, failed = done
-    final = _upload(storage, name, overrides, mode, folder, budget, None, None, code, more_soon, open_run)
+    final = _upload(storage, name, folder, replace(choices, progress=None, on_run=None), code)
     assert final is not None
     if final.finished is not None:
         final = replace(final, failed_writers=failed)
     return final if report is None else replace(report, finished=final.finished, failed_writers=final.failed_writers)
 
 
-def _upload(
-    storage: Storage,
-    name: str,
-    overrides: Target,
-    mode: SyncMode,
-    folder: Path,
-    budget: Budget,
-    progress: Callable[[int], None] | None,
-    on_run: Callable[[RunSync], None] | None,
-    finish_code: int | None,
-    more_soon: bool = False,
-    open_run: OpenRun = WandbRun,
-) -> RunSync | None:
+def _upload(storage: Storage, name: str, folder: Path, choices: PassChoices, finish_code: int | None) -> RunSync | None:
     """Plan and send one upload of the run; with ``finish_code``, one that finishes it (even with nothing pending)."""
-    planned = plan(storage, name, overrides, mode, budget, dry_run=False, finishing=finish_code is not None)
+    budget = choices.budget
+    finishing = finish_code is not None
+    planned = plan(storage, name, choices.overrides, choices.mode, budget, dry_run=False, finishing=finishing)
     if planned is None:
         return None
     try:
         return upload(
             storage,
             planned,
-            mode,
+            choices.mode,
             folder,
             budget,
-            progress,
-            on_open=on_run,
+            choices.progress,
+            on_open=choices.on_run,
             finish_code=finish_code,
-            more_soon=more_soon,
-            open_run=open_run,
+            more_soon=choices.more_soon,
+            open_run=choices.open_run,
         )
     except OutOfTime as exc:
         raise UploadError(
@@ -260,15 +236,15 @@ def _upload(
         ) from None
 
 
-def _dry_run(buffer: Buffer, run: str | None, overrides: Target, mode: SyncMode, budget: Budget) -> SyncResult:
+def _dry_run(buffer: Buffer, choices: PassChoices) -> SyncResult:
     """What a sync would send; opens everything for reading only."""
     planned: list[RunSync] = []
     storage = buffer.open_store("read")
     if storage is not None:
         with storage:
             storage.check_integrity()
-            for name in runs_to_sync(storage, run, overrides.wandb_id):
-                found = plan(storage, name, overrides, mode, budget, dry_run=True)
+            for name in runs_to_sync(storage, choices.run, choices.overrides.wandb_id):
+                found = plan(storage, name, choices.overrides, choices.mode, choices.budget, dry_run=True)
                 if found is not None:
                     planned.append(found.report)
     backlog = buffer.backlog()
