@@ -136,3 +136,14 @@ def test_a_contributor_makes_the_next_revision_with_alembic_from_the_checkouts_r
     assert revision.name == "9999_a_probe.py"
     heads = subprocess.run([*alembic, "heads"], capture_output=True, text=True)
     assert heads.stdout.split()[0] == "9999", heads.stderr
+
+
+def test_a_database_kind_that_lacks_a_method_every_kind_needs_cannot_be_made():
+    from walbuf.store.backend import Backend
+    from walbuf.store.sqlite import SQLiteBackend
+
+    # Everything of a real kind but the size of its buffer.
+    methods = {name: getattr(SQLiteBackend, name) for name in Backend.__abstractmethods__ if name != "size"}
+    without_size = type("WithoutSize", (Backend,), methods)
+    with pytest.raises(TypeError, match="size"):
+        without_size()

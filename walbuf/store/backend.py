@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -140,17 +141,24 @@ class Appender(Protocol):
     def close(self) -> None: ...
 
 
-class Backend:
-    """One database a buffer lives in; one subclass per kind."""
+class Backend(ABC):
+    """One database a buffer lives in; one subclass per kind.
+
+    A kind must give every abstract method (Python refuses to make a kind
+    that lacks one); the others are hooks whose default fits a kind with no
+    files, no write lock of its own, or no immutable reading.
+    """
 
     name: str
     url: sa.URL
     location: str  # for messages: a path, or the URL without its password
     path: Path | None = None  # the database's file, for a kind that keeps it in one (SQLite)
 
+    @abstractmethod
     def engine(self, durability: Durability, busy_timeout: float, access: Access) -> sa.Engine:
         raise NotImplementedError
 
+    @abstractmethod
     def exists(self) -> bool:
         """Whether there is a database to open (it may still hold no buffer)."""
         raise NotImplementedError
@@ -167,7 +175,7 @@ class Backend:
         """What changes when the database's file is written (None: the kind has no such file)."""
         return None
 
-    def prepare(self) -> None:
+    def prepare(self) -> None:  # noqa: B027 (a hook: by default nothing to do)
         """Before the first connection of a buffer that is to be made."""
 
     def reserve(self) -> Reserve | None:
@@ -175,12 +183,14 @@ class Backend:
         kind's disk is not this host's to manage (a server's)."""
         return None
 
-    def check_files(self, access: Access) -> None:
+    def check_files(self, access: Access) -> None:  # noqa: B027 (a kind with no files has nothing to check)
         """Before connecting: raise unless the files of the buffer are its owner's (see walbuf.store.trust)."""
 
+    @abstractmethod
     def lock(self, name: str) -> Lock:
         raise NotImplementedError
 
+    @abstractmethod
     def lock_held(self, name: str) -> bool:
         """Whether some process holds the lock ``name`` now. Changes nothing (a lock never taken is not held)."""
         raise NotImplementedError
@@ -189,6 +199,7 @@ class Backend:
         """Whether some process holds writer lock ``name`` now. Changes nothing."""
         return self.lock_held(name)
 
+    @abstractmethod
     def writer_lock(self, name: str, appender: Appender | None) -> WriterLock:
         """The lock that makes a writer the owner of its id, held while its appender lives (None: a directory
         buffer's writer, which appends to no database of this kind)."""
@@ -199,13 +210,14 @@ class Backend:
         only."""
         return None
 
+    @abstractmethod
     def appender(self, engine: sa.Engine) -> Appender:
         raise NotImplementedError
 
-    def serialize(self, conn: sa.Connection) -> None:
+    def serialize(self, conn: sa.Connection) -> None:  # noqa: B027 (a hook: by default nothing to do)
         """At the start of a write transaction: wait for the others to end (SQLite's BEGIN IMMEDIATE)."""
 
-    def fence(self, conn: sa.Connection) -> None:
+    def fence(self, conn: sa.Connection) -> None:  # noqa: B027 (a hook: by default nothing to do)
         """In a write transaction: see the module docstring."""
 
     def read_options(self, conn: sa.Connection) -> sa.Connection:
@@ -216,6 +228,7 @@ class Backend:
         """What a quick check of the whole database finds wrong (None: nothing). Reads only."""
         return None  # PostgreSQL checks its own pages (and checksums) as it reads them
 
+    @abstractmethod
     def reclaim(self, engine: sa.Engine) -> None:
         """Give the space of deleted records back (to the filesystem where the kind can)."""
         raise NotImplementedError
@@ -228,10 +241,12 @@ class Backend:
         """
         time.sleep(YIELD_TO_WRITERS)
 
+    @abstractmethod
     def size(self, engine: sa.Engine) -> int:
         """Bytes the buffer takes."""
         raise NotImplementedError
 
+    @abstractmethod
     def error(self, exc: BaseException | None) -> StorageError:
         """The walbuf error for a driver's exception."""
         raise NotImplementedError
