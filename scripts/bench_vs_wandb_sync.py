@@ -5,16 +5,18 @@ buffer, and the same rows logged by wandb in offline mode (under the prefix
 and step axis walbuf gives them, with the same glob definition). Each round
 runs, in a rotated order and each as its own process (imports included):
 
-- first sync: `walbuf sync` of the buffer, `wandb beta sync` and `wandb
-  sync` of the offline run directory;
+- first sync: `walbuf sync` of the buffer, the same under cron's time
+  bound (`--max-seconds 540`, as `walbuf-cron` runs it), `wandb beta sync`
+  and `wandb sync` of the offline run directory;
 - incremental: --more new records on top of the synced ones, against
   wandb's tools uploading an offline run of --more rows.
 
 The walbuf writer stays open throughout, as a job still running when cron
 syncs (so a sync ends by marking the run preempting; a sync after the
 writer closed would also finish the run, with a second, empty upload).
-Between rounds the buffer's cursors are set back, so each round's first sync
-sends every row again (into a new W&B run). Printed: each contender's median
+Before each walbuf contender the buffer's cursors are set back, so each
+first sync sends every row again (into a new W&B run) and each incremental
+one the round's new rows. Printed: each contender's median
 time and rows/s, and walbuf's time over each of the others (median of the
 rounds' ratios).
 
@@ -62,6 +64,14 @@ def offline_run(folder: Path, rows: int) -> str:
     return glob.glob(str(folder / "wandb" / "offline-run-*"))[0]
 
 
+def pending_again(buffer: Path, synced: int) -> None:
+    """The records after ``synced`` pending again; every record (0): for a new W&B run."""
+    with sqlite3.connect(buffer) as conn:
+        conn.execute("UPDATE writers SET synced_id = ?", (synced,))
+        if synced == 0:
+            conn.execute("UPDATE runs SET wandb_id = NULL, finished_exit = NULL")
+
+
 def timed(command: list[str], env: dict[str, str], cleanup: str | None = None) -> float:
     if cleanup:
         for marker in glob.glob(cleanup + "/*.synced"):  # so wandb's tools upload it again
@@ -89,22 +99,24 @@ def main() -> None:
         first_dir = offline_run(Path(tmp) / "first", args.rows)
         more_dir = offline_run(Path(tmp) / "more", args.more)
         walbuf_sync = [sys.executable, "-m", "walbuf", "sync", str(buffer), "--project", "bench", "--quiet"]
+        cron_sync = [*walbuf_sync, "--max-seconds", "540"]
         times: dict[str, list[float]] = {}
         for r in range(args.rounds):
-            with sqlite3.connect(buffer) as conn:  # every record pending again, for a new W&B run
-                conn.execute("UPDATE writers SET synced_id = 0")
-                conn.execute("UPDATE runs SET wandb_id = NULL, finished_exit = NULL")
             firsts = {
-                "walbuf sync": lambda: timed(walbuf_sync, env),
+                "walbuf sync": lambda: pending_again(buffer, 0) or timed(walbuf_sync, env),
+                "walbuf (cron)": lambda: pending_again(buffer, 0) or timed(cron_sync, env),
                 "wandb beta sync": lambda: timed([wandb_cli, "beta", "sync", first_dir], env, first_dir),
                 "wandb sync": lambda: timed([wandb_cli, "sync", first_dir], env, first_dir),
             }
-            order = list(firsts)[r % 3 :] + list(firsts)[: r % 3]
+            order = list(firsts)[r % len(firsts) :] + list(firsts)[: r % len(firsts)]
             for name in order:
                 times.setdefault(f"first: {name}", []).append(firsts[name]())
+            with sqlite3.connect(buffer) as conn:
+                (synced,) = conn.execute("SELECT max(id) FROM records").fetchone()
             log(writer, args.rows + r * args.more, args.more)
             mores = {
-                "walbuf sync": lambda: timed(walbuf_sync, env),
+                "walbuf sync": lambda synced=synced: pending_again(buffer, synced) or timed(walbuf_sync, env),
+                "walbuf (cron)": lambda synced=synced: pending_again(buffer, synced) or timed(cron_sync, env),
                 "wandb beta sync": lambda: timed([wandb_cli, "beta", "sync", more_dir], env, more_dir),
                 "wandb sync": lambda: timed([wandb_cli, "sync", more_dir], env, more_dir),
             }
@@ -113,13 +125,15 @@ def main() -> None:
         writer.close()
     for phase, rows in (("first", args.rows), ("incremental", args.more)):
         print(f"{phase} sync of {rows:,} rows (median of {args.rounds} rounds):")
-        ours = times[f"{phase}: walbuf sync"]
-        for name in ("walbuf sync", "wandb beta sync", "wandb sync"):
-            theirs = times[f"{phase}: {name}"]
-            median = statistics.median(theirs)
-            ratio = statistics.median(a / b for a, b in zip(ours, theirs, strict=False))
-            vs = "" if name == "walbuf sync" else f"   walbuf takes {ratio:.2f}x its time"
-            print(f"  {name:<16} {median:6.2f} s  {rows / median:8,.0f} rows/s{vs}")
+        for name in ("walbuf sync", "walbuf (cron)", "wandb beta sync", "wandb sync"):
+            median = statistics.median(times[f"{phase}: {name}"])
+            print(f"  {name:<16} {median:6.2f} s  {rows / median:8,.0f} rows/s")
+        others = ("wandb beta sync", "wandb sync")
+        for ours, theirs_all in (("walbuf sync", others), ("walbuf (cron)", ("walbuf sync", *others))):
+            for theirs in theirs_all:
+                pairs = zip(times[f"{phase}: {ours}"], times[f"{phase}: {theirs}"], strict=True)
+                ratio = statistics.median(a / b for a, b in pairs)
+                print(f"  {ours} takes {ratio:.2f}x the time of {theirs}")
 
 
 if __name__ == "__main__":

@@ -99,6 +99,9 @@ class RecordingRun:
     def batched(self) -> Iterator[None]:
         yield
 
+    def keep_pace(self) -> None:
+        pass
+
     def mark_preempting(self) -> None:
         self.upload.preempting = True
 

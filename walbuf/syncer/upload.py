@@ -90,6 +90,8 @@ class RunSink(Protocol):
 
     def batched(self) -> AbstractContextManager[None]: ...
 
+    def keep_pace(self) -> None: ...
+
     def mark_preempting(self) -> None: ...
 
     def finish(self, exit_code: int | None = None) -> None: ...
@@ -305,12 +307,8 @@ class _Replay:
             self._prepare(record.id, record.writer_id, record.step, record.time, record.metrics) for record in batch
         ]
         handled_all = True
-        # And wandb gets them in one hand-off (WandbRun.batched), unless the
-        # sync has a time bound: wandb-core then gets them one by one, as
-        # before, which paces the hand-over to what it sends on. Handed over
-        # faster, they wait in wandb-core (up to two file_stream requests of
-        # 10 MiB) for run.finish(), past the reserve the bound keeps for it.
-        with wandb_run.batched() if self.budget.deadline is None else contextlib.nullcontext():
+        # And wandb gets them in one hand-off (WandbRun.batched).
+        with wandb_run.batched():
             for record, prepared in zip(batch, ready, strict=True):
                 if self.budget.spent():
                     handled_all = False
@@ -325,6 +323,10 @@ class _Replay:
                 self.last_handled = record.id
                 self.budget.take()
                 self.unreported += 1
+        if self.budget.deadline is not None:
+            # Handed over faster than wandb-core takes them in, rows would
+            # wait in it for run.finish(), past the reserve the bound keeps.
+            wandb_run.keep_pace()
         self.report_progress()
         return handled_all
 

@@ -81,6 +81,7 @@ class WandbRun:
         directory.mkdir(parents=True, exist_ok=True)
         self._images = directory / "walbuf-images"  # each image's PNG, until wandb has copied it
         self._batcher: Batcher | None = None  # while in batched()
+        self._pace: Any = None  # the mark keep_pace() waits for next
         self._rows = 0  # history rows handed to wandb: what W&B must be seen to have taken
         self._finishing = finish_state and shared  # its last file_stream request must carry the finish
         try:
@@ -195,6 +196,28 @@ class WandbRun:
                     batcher.flush()
             finally:
                 self._batcher = None
+
+    def keep_pace(self) -> None:
+        """Wait until wandb-core has taken in every row handed over before the previous call (one call's rows may be
+        under way).
+
+        Under a time bound rows handed over faster than wandb-core takes them
+        in would wait in it for run.finish(), past the time the bound keeps
+        for that. A request wandb-core answers in order with the rows
+        (PollExit: core stream/handler.go handles both in one loop) marks
+        each call; the next call waits for its answer, so Python prepares a
+        batch while wandb-core takes in the one before. With a wandb the
+        batched hand-over was not checked against (Batcher.of), rows go one
+        by one and nothing is waited for.
+        """
+        interface = self._run._interface
+        if Batcher.of(self._run) is None or interface is None:
+            return
+        with core_connection("sending history"):
+            marker = interface.deliver_poll_exit()
+            previous, self._pace = self._pace, marker
+            if previous is not None:
+                previous.wait_or(timeout=None)
 
     def _log(self, row: dict[str, Any], step: int | None) -> None:
         try:
