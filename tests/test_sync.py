@@ -633,9 +633,28 @@ def test_a_sync_hands_rows_to_wandb_in_batches_not_one_by_one(in_process, buffer
 
 
 @pytest.mark.backends("sqlite")
-def test_a_sync_with_a_time_bound_hands_rows_over_one_by_one_which_paces_them(in_process, buffer, monkeypatch):
+def test_a_sync_with_a_time_bound_hands_rows_over_in_batches_each_paced_by_wandb_core(in_process, buffer, monkeypatch):
+    from wandb.sdk.interface.interface import InterfaceBase
+    from wandb.sdk.wandb_run import Run
+
     log_records(buffer, "w", 2000)
     calls = _count_hand_offs(monkeypatch)
+    # The marks the pacing waits for: PollExit requests before run.finish() (which makes its own).
+    marks, finishing = Counter(), []
+    real_poll, real_finish = InterfaceBase.deliver_poll_exit, Run.finish
+
+    def poll(self):
+        marks["in finish" if finishing else "before finish"] += 1
+        return real_poll(self)
+
+    def finish(self, *args, **kwargs):
+        finishing.append(True)
+        return real_finish(self, *args, **kwargs)
+
+    monkeypatch.setattr(InterfaceBase, "deliver_poll_exit", poll)
+    monkeypatch.setattr(Run, "finish", finish)
     result = walbuf.sync(buffer, max_seconds=600)
     assert result.records == 2000
-    assert calls["run"] >= 2000
+    assert len(in_process.run(result.runs[0].target.wandb_id).history) == 2000
+    assert calls["run"] < 200  # one hand-over per 500 rows, not one per row
+    assert marks["before finish"] == 4  # one mark per batch of 500
