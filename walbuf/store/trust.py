@@ -166,10 +166,13 @@ class Owner:
         owner-only again, where this process is its owner.
         """
         if make:
+            wanted = PRIVATE_FOLDER if private else self.folder_mode
             try:
-                os.mkdir(path, PRIVATE_FOLDER if private else self.folder_mode)
+                os.mkdir(path, wanted)
             except FileExistsError:
                 pass
+            else:
+                os.chmod(path, wanted, follow_symlinks=False)  # the umask took the root's read bits away
         try:
             st = os.lstat(path)
         except FileNotFoundError:
@@ -195,7 +198,8 @@ class Owner:
         """A descriptor of the file ``path``, never through a symbolic link, checked on the descriptor.
 
         ``create`` makes it if missing (owner-only; ``private``: never with
-        the shared read bits, as for a lock file). Raises UntrustedPathError
+        the shared read bits, as for a lock file); one made with O_EXCL gets
+        exactly that mode, whatever the umask. Raises UntrustedPathError
         for a link or a file that is not trusted, FileNotFoundError for a
         missing one without ``create``, and the OSError of the open.
         """
@@ -209,6 +213,8 @@ class Owner:
         try:
             st = os.fstat(fd)
             self.check(path, st, "file")
+            if create and flags & os.O_EXCL and stat.S_IMODE(st.st_mode) != mode:
+                os.fchmod(fd, mode)  # made here (O_EXCL): the umask took the root's read bits away
             if create and not private and st.st_uid == os.geteuid():
                 self._share(fd, st)
         except BaseException:
