@@ -197,3 +197,63 @@ def test_read_gives_at_most_the_limit_and_none_for_a_missing_file(tmp_path, me):
     me.create(tmp_path / "note", b"0123456789")
     assert me.read(tmp_path / "note", 4) == b"0123"
     assert me.read(tmp_path / "none", 4) is None
+
+
+OTHER_GID = 65534  # nogroup: a group that is not this process's
+
+
+def test_a_root_made_here_passes_on_no_read_bits(tmp_path):
+    owner = Owner.of(tmp_path / "new.db", write=True)
+    assert (owner.folder_mode, owner.file_mode) == (0o700, 0o600)
+
+
+@as_root
+def test_what_walbuf_makes_in_a_root_shared_with_a_group_gets_that_group_but_lock_files_do_not(tmp_path):
+    sharing = Owner(os.geteuid(), shared=0o050, group=OTHER_GID)
+    sharing.folder(tmp_path / "live", make=True)
+    os.close(sharing.open(tmp_path / "shard", os.O_WRONLY | os.O_EXCL, create=True))
+    sharing.folder(tmp_path / "locks", make=True, private=True)
+    os.close(sharing.open(tmp_path / "x.lock", os.O_WRONLY | os.O_EXCL, create=True, private=True))
+    assert [os.lstat(tmp_path / n).st_gid for n in ("live", "shard")] == [OTHER_GID, OTHER_GID]
+    assert [os.lstat(tmp_path / n).st_gid for n in ("locks", "x.lock")] == [os.getegid(), os.getegid()]
+    assert {os.lstat(tmp_path / n).st_uid for n in ("live", "shard", "locks", "x.lock")} == {os.geteuid()}
+
+
+def test_opening_a_file_walbuf_did_not_make_leaves_its_mode_alone(tmp_path, me):
+    (tmp_path / "shard").write_bytes(b"")
+    os.chmod(tmp_path / "shard", 0o640)
+    os.close(me.open(tmp_path / "shard", os.O_RDONLY))
+    os.close(me.open(tmp_path / "shard", os.O_WRONLY, create=True))  # there already: not made here
+    assert mode(tmp_path / "shard") == 0o640
+
+
+@as_root
+def test_a_sqlite_file_in_a_private_folder_of_root_is_sheltered(tmp_path):
+    folder = tmp_path / "scratch"
+    folder.mkdir(mode=0o755)  # root's, as /scratch is
+    Owner(1000).shelter(folder, folder / "exp.db")  # nothing raised
+
+
+def test_missing_parents_are_made_owner_only_whatever_the_umask_and_existing_ones_left_alone(tmp_path):
+    from walbuf.store.trust import make_folders
+
+    os.chmod(tmp_path, 0o755)
+    old = os.umask(0)
+    try:
+        make_folders(tmp_path / "a" / "b")
+    finally:
+        os.umask(old)
+    assert (mode(tmp_path), mode(tmp_path / "a"), mode(tmp_path / "a" / "b")) == (0o755, 0o700, 0o700)
+
+
+def test_fsync_never_goes_through_a_link(tmp_path):
+    from walbuf.store.trust import fsync
+
+    (tmp_path / "file").write_bytes(b"x")
+    (tmp_path / "link").symlink_to(tmp_path / "file")
+    fsync(tmp_path / "file")
+    fsync(tmp_path, folder=True)
+    with pytest.raises(OSError):
+        fsync(tmp_path / "link")
+    with pytest.raises(NotADirectoryError):
+        fsync(tmp_path / "file", folder=True)
