@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import walbuf_command
 
 import walbuf
 from walbuf import exitcodes
@@ -54,9 +55,7 @@ def test_records_of_a_run_the_buffer_lacks_says_so_naming_those_it_has(buffer):
 
 
 def test_missing_buffer_is_one_line_and_exit_66(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "walbuf", "records", str(tmp_path / "nope.db")], capture_output=True, text=True
-    )
+    proc = walbuf_command("records", str(tmp_path / "nope.db"))
     assert proc.returncode == 66
     assert proc.stderr.strip().count("\n") == 0 and "no buffer at" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -144,11 +143,7 @@ def test_walbuf_cron_logs_an_unreachable_postgresql_server_as_will_retry_and_exi
 
 
 def test_an_error_quoting_a_message_of_several_lines_is_one_line(tmp_path, unused_port):
-    proc = subprocess.run(
-        [sys.executable, "-m", "walbuf", "status", f"postgresql+psycopg://walbuf@127.0.0.1:{unused_port}/walbuf"],
-        capture_output=True,
-        text=True,
-    )
+    proc = walbuf_command("status", f"postgresql+psycopg://walbuf@127.0.0.1:{unused_port}/walbuf")
     assert proc.returncode == 69
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("walbuf: error: cannot reach"), proc.stderr
 
@@ -160,11 +155,7 @@ def test_walbuf_cron_keeps_the_code_of_what_needs_a_person(tmp_path):
 
 
 def test_a_buffer_url_that_holds_a_password_gets_a_warning_that_never_shows_it():
-    proc = subprocess.run(
-        [sys.executable, "-m", "walbuf", "status", "postgresql+psycopg://alice:hunter2@127.0.0.1:1/exp"],
-        capture_output=True,
-        text=True,
-    )
+    proc = walbuf_command("status", "postgresql+psycopg://alice:hunter2@127.0.0.1:1/exp")
     assert proc.returncode == 69, proc.stderr  # the server is not there
     assert "the buffer's URL holds a password" in proc.stderr and "~/.pgpass" in proc.stderr
     assert "hunter2" not in proc.stderr + proc.stdout

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
+from conftest import walbuf_command
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -79,7 +78,7 @@ def test_walbuf_records_prints_a_histogram_in_w_and_bs_form(buffer):
     h = Histogram([1, 2, 2, 3], num_bins=2)
     with walbuf.Writer(buffer, writer="w", run="r") as w:
         w.log({"h": h})
-    proc = subprocess.run([sys.executable, "-m", "walbuf", "records", str(buffer)], capture_output=True, text=True)
+    proc = walbuf_command("records", str(buffer))
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["metrics"] == {
         "h": {"_type": "histogram", "values": [1, 3], "bins": [1.0, 2.0, 3.0]}

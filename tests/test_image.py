@@ -16,7 +16,7 @@ import numpy as np
 import PIL.Image
 import pytest
 import torch
-from conftest import run_sync
+from conftest import run_sync, walbuf_command
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -141,7 +141,7 @@ def test_walbuf_records_prints_an_image_as_its_png_in_base64(buffer):
     image = Image(np.zeros((2, 3), dtype=np.uint8))
     with walbuf.Writer(buffer, writer="w", run="r") as w:
         w.log({"sample": image})
-    proc = subprocess.run([sys.executable, "-m", "walbuf", "records", str(buffer)], capture_output=True, text=True)
+    proc = walbuf_command("records", str(buffer))
     assert proc.returncode == 0, proc.stderr
     printed = json.loads(proc.stdout)["metrics"]["sample"]
     assert base64.b64decode(printed["png"]) == image.png and (printed["width"], printed["height"]) == (3, 2)

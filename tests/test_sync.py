@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import rows_of, run_sql, run_sync, the_run
+from conftest import rows_of, run_sql, run_sync, the_run, walbuf_command
 
 import walbuf
 from walbuf.syncer.syncer import _this_process
@@ -28,9 +28,7 @@ TESTS = Path(__file__).parent
 
 
 def run_status(buffer):
-    proc = subprocess.run(
-        [sys.executable, "-m", "walbuf", "status", str(buffer), "--json"], capture_output=True, text=True
-    )
+    proc = walbuf_command("status", str(buffer), "--json")
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 

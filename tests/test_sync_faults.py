@@ -20,7 +20,7 @@ from pathlib import Path
 
 import fsbed
 import pytest
-from conftest import rows_of, run_sql, run_sync, wandb_cores
+from conftest import rows_of, run_sql, run_sync, walbuf_command, wandb_cores
 
 import walbuf
 
@@ -28,9 +28,7 @@ pytestmark = [pytest.mark.backends("sqlite", "postgresql"), pytest.mark.slow]
 
 
 def status(buffer):
-    proc = subprocess.run(
-        [sys.executable, "-m", "walbuf", "status", str(buffer), "--json"], capture_output=True, text=True
-    )
+    proc = walbuf_command("status", str(buffer), "--json")
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)["runs"][0]
 
@@ -100,9 +98,7 @@ def test_quarantined_records_are_shown_with_their_reason_and_doctor_asks_for_a_p
     log_steps(buffer, [0])
     as_an_older_walbuf_stored_it(buffer, 1, '{"a\\u0000b": 1}')
     assert run_sync(server, buffer).returncode == 3
-    proc = subprocess.run(
-        [sys.executable, "-m", "walbuf", "records", str(buffer), "--quarantined"], capture_output=True, text=True
-    )
+    proc = walbuf_command("records", str(buffer), "--quarantined")
     (line,) = [json.loads(line) for line in proc.stdout.splitlines()]
     assert line["step"] == 1 and "control character" in line["quarantined"]
     report = walbuf.doctor(buffer)
