@@ -311,6 +311,11 @@ class WandbRun:
         For an upload cut off in this process (an exception before finish());
         none of it is marked synced, and the service ends as restart_wandb() ends it.
         """
+        # The run's own threads (wandb's network status checker) end first:
+        # left running, they ask the service that is gone and print a traceback.
+        checker = getattr(self._run, "_run_status_checker", None)
+        if checker is not None:
+            checker.join()
         restart_wandb()
 
 
