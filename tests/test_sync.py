@@ -632,24 +632,26 @@ def test_a_sync_hands_rows_to_wandb_in_batches_not_one_by_one(in_process, buffer
 
 @pytest.mark.backends("sqlite")
 def test_a_sync_with_a_time_bound_hands_rows_over_in_batches_each_paced_by_wandb_core(in_process, buffer, monkeypatch):
-    from wandb.sdk.interface.interface import InterfaceBase
+    from wandb.sdk.interface.interface_sock import InterfaceSock
     from wandb.sdk.wandb_run import Run
 
     log_records(buffer, "w", 2000)
     calls = _count_hand_offs(monkeypatch)
-    # The marks the pacing waits for: PollExit requests before run.finish() (which makes its own).
+    # The marks the pacing waits for: StopStatus requests, which wandb-core's
+    # sender answers in order with the rows, sent before run.finish().
     marks, finishing = Counter(), []
-    real_poll, real_finish = InterfaceBase.deliver_poll_exit, Run.finish
+    real_deliver, real_finish = InterfaceSock._deliver, Run.finish
 
-    def poll(self):
-        marks["in finish" if finishing else "before finish"] += 1
-        return real_poll(self)
+    def deliver(self, record):
+        if record.request.HasField("stop_status"):
+            marks["in finish" if finishing else "before finish"] += 1
+        return real_deliver(self, record)
 
     def finish(self, *args, **kwargs):
         finishing.append(True)
         return real_finish(self, *args, **kwargs)
 
-    monkeypatch.setattr(InterfaceBase, "deliver_poll_exit", poll)
+    monkeypatch.setattr(InterfaceSock, "_deliver", deliver)
     monkeypatch.setattr(Run, "finish", finish)
     result = walbuf.sync(buffer, max_seconds=600)
     assert result.records == 2000

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 import io
 import logging
 import os
@@ -198,23 +199,32 @@ class WandbRun:
                 self._batcher = None
 
     def keep_pace(self) -> None:
-        """Wait until wandb-core has taken in every row handed over before the previous call (one call's rows may be
-        under way).
+        """Wait until wandb-core's sender has taken in every row handed over before the previous call (one call's
+        rows may be under way).
 
-        Under a time bound rows handed over faster than wandb-core takes them
-        in would wait in it for run.finish(), past the time the bound keeps
-        for that. A request wandb-core answers in order with the rows
-        (PollExit: core stream/handler.go handles both in one loop) marks
-        each call; the next call waits for its answer, so Python prepares a
-        batch while wandb-core takes in the one before. With a wandb the
-        batched hand-over was not checked against (Batcher.of), rows go one
-        by one and nothing is waited for.
+        Under a time bound rows handed over faster than wandb-core sends them
+        would wait in it for run.finish(), past the time the bound keeps for
+        that. The sender, not the handler, is what falls behind: wandb-core
+        then parks the rows on disk ("flowcontrol: backed up") and the handler
+        keeps answering at once. So each call is marked by a request the
+        sender answers in order with the rows before it (StopStatus: the
+        handler forwards it, core stream/handler.go handleRequestStopStatus;
+        the flow control keeps unsaved requests in their place,
+        flowcontrolbuffer.go; the sender answers whether the file stream
+        stopped, sender.go sendRequestStopStatus), and the next call waits
+        for its answer, so Python prepares a batch while wandb-core sends the
+        one before. With a wandb the batched hand-over was not checked against
+        (Batcher.of), rows go one by one and nothing is waited for.
         """
-        interface = self._run._interface
+        interface: Any = self._run._interface  # an InterfaceSock, as Batcher.of checked
         if Batcher.of(self._run) is None or interface is None:
             return
+        pb: Any = importlib.import_module("wandb.proto.wandb_internal_pb2")  # generated: no types to check
+
+        record = pb.Record(request=pb.Request(stop_status=pb.StopStatusRequest()))
+        record.control.local = True  # as wandb's own requests: not written to the run's .wandb file
         with core_connection("sending history"):
-            marker = interface.deliver_poll_exit()
+            marker = interface._deliver(record)
             previous, self._pace = self._pace, marker
             if previous is not None:
                 previous.wait_or(timeout=None)
