@@ -418,6 +418,21 @@ def test_library_sync_reports_what_it_sent(in_process, buffer):
     assert walbuf.sync(buffer).runs == ()
 
 
+def test_each_row_carries_the_jobs_runtime_counted_from_the_run_start_in_every_sync(in_process, buffer):
+    with walbuf.Writer(buffer, writer="w") as w:
+        w.log({"x": 0})
+        w.log({"x": 1})
+        walbuf.sync(buffer)  # while the job runs
+        w.log({"x": 2})
+        (writer,) = walbuf.status(buffer).runs[0].writers
+        result = walbuf.sync(buffer)
+    history = in_process.run(result.runs[0].target.wandb_id).history
+    assert [row["w/x"] for row in history] == [0, 1, 2]
+    # Not the uploading process's time: each sync's rows would start near 0 again.
+    job_time = [row["_timestamp"] - writer.opened_at for row in history]
+    assert [row["_runtime"] for row in history] == pytest.approx(job_time)
+
+
 @pytest.mark.backends("sqlite")
 def test_max_seconds_stops_sending_in_time_to_finish_and_the_rest_waits(in_process, buffer):
     with walbuf.Writer(buffer, writer="w") as w:

@@ -68,6 +68,7 @@ class Plan:
     high: int  # ... and at most this (the newest record when the sync began)
     sync_id: int  # its entry in the syncs table (0 in a dry run)
     new_run: bool  # no upload of the run has succeeded yet: the W&B run is made now
+    started: float  # when the run's first writer opened: its records' _runtime counts from here
 
 
 def runs_to_sync(storage: Storage, run: str | None, run_id: str | None, *, missing_ok: bool = False) -> list[str]:
@@ -139,11 +140,12 @@ class _Survey:
     counts: dict[int, int]  # writer id -> pending records
     possibly_duplicated: int
     new_run: bool  # no upload of the run was confirmed yet
+    started: float
 
 
 def _survey(conn: sa.Connection, name: str, budget: Budget, high: int | None, finishing: bool) -> _Survey | None:
     """Read what an upload of the run covers, up to ``high`` (None: the newest record); None if nothing is pending."""
-    run_id = conn.execute(sa.select(runs.c.id).where(runs.c.name == name)).scalar_one()
+    run_id, started = conn.execute(sa.select(runs.c.id, runs.c.created_at).where(runs.c.name == name)).one()
     found = {
         row.id: PlanWriter(row.id, row.name, row.step_axis, row.synced_id, row.prefix)
         for row in conn.execute(
@@ -179,7 +181,8 @@ def _survey(conn: sa.Connection, name: str, budget: Budget, high: int | None, fi
         )
         == 0
     )
-    return _Survey(run_id, found, low, high, counts, _possibly_delivered(conn, run_id, found, low, high), new_run)
+    possibly_duplicated = _possibly_delivered(conn, run_id, found, low, high)
+    return _Survey(run_id, found, low, high, counts, possibly_duplicated, new_run, started)
 
 
 def _settle(
@@ -213,7 +216,8 @@ def _settle(
                 )
             )
         )
-    return Plan(survey.run_id, report, survey.writers, survey.low, survey.high, sync_id, new_target or survey.new_run)
+    new_run = new_target or survey.new_run
+    return Plan(survey.run_id, report, survey.writers, survey.low, survey.high, sync_id, new_run, survey.started)
 
 
 def pending_filter(found: dict[int, PlanWriter], low: int, high: int) -> sa.ColumnElement[bool]:

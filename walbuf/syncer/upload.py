@@ -65,7 +65,7 @@ class _Ready(NamedTuple):
 class _Shape(NamedTuple):
     """What a record of known keys found fine before becomes (see _Replay._prepare's shortcut)."""
 
-    keys: tuple[str, ...]  # its row's keys, the step axis and _timestamp last
+    keys: tuple[str, ...]  # its row's keys, then the step axis, _timestamp and _runtime
     room: int  # the longest stored payload of those keys that fits a history line
 
 
@@ -353,7 +353,8 @@ class _Replay:
             # The common case: the keys of a record of this writer found fine
             # before, plain values, and a payload that fits the line. Every
             # check would pass as it did then.
-            return _Ready(dict(zip(known.keys, (*values.values(), at, wall_time), strict=True)), (), None)
+            timing = (wall_time, self._runtime(wall_time))
+            return _Ready(dict(zip(known.keys, (*values.values(), at, *timing), strict=True)), (), None)
         problem = _breaks_the_rules(values, metrics, writer)
         if problem is not None:
             return _Ready({}, (), problem)
@@ -365,12 +366,20 @@ class _Replay:
         row: dict[str, object] = {prefix + key: value for key, value in values.items()} if prefix else values
         if PLAIN_TYPES.issuperset(map(type, values.values())) and len(self._known) < _KNOWN_MAX:
             self._known[shape] = _Shape(
-                (*row, writer.axis, "_timestamp"), line_room(len(values) + 1, writer.prefix + "/")
+                (*row, writer.axis, "_timestamp", "_runtime"), line_room(len(values) + 1, writer.prefix + "/")
             )
         row[writer.axis] = at
         # W&B's wall-clock axis shows when the record was logged, not synced.
         row["_timestamp"] = wall_time
+        # And W&B's runtime, the job's: how long after the run began (a
+        # whole row goes past wandb-core's handler, which would write the
+        # uploader's; see Batcher.log).
+        row["_runtime"] = self._runtime(wall_time)
         return _Ready(row, needed, None)
+
+    def _runtime(self, wall_time: float) -> float:
+        """Seconds from the run's start to ``wall_time`` (0 for a record of a clock behind the first writer's)."""
+        return max(0.0, wall_time - self.plan.started)
 
     def _send(
         self, wandb_run: RunSink, writer: PlanWriter, row: dict[str, object], needed: Sequence[tuple[str, str]]

@@ -51,13 +51,22 @@ class Batcher:
             self._kept = []
 
     def log(self, run: Any, row: dict[str, Any]) -> None:
-        """What ``run.log(row)`` publishes, built here: a row of plain values (PLAIN), with its _timestamp.
+        """A row of plain values (PLAIN), with its ``_timestamp`` and ``_runtime``, published as a whole history row.
 
         wandb's run.log passes each row through layers that change nothing
         in a row of numbers and strings (history_dict_to_json converts media
-        and numpy values; a step or commit given; tensorboard) and then
-        builds this request (interface.publish_partial_history); they took
-        about as long as the rest of the sync's work on a row together.
+        and numpy values; a step or commit given; tensorboard) and publishes
+        it as a partial row, which wandb-core's handler completes one by one:
+        it writes the uploader's ``_runtime`` into it and emits a summary
+        record per row (core stream/handler.go, flushPartialHistory). A
+        HistoryRecord passes the handler untouched (handleRecord: a no-op for
+        Record_History) and the sender numbers it (``_step``, as it numbers
+        the handler's rows: historystep.go), as `wandb beta sync` hands its
+        rows over; so the row carries its own ``_timestamp`` and ``_runtime``
+        (the upload gives the job's), and the run's summary is the one the
+        upload sends whole. Nothing W&B keeps is lost: wandb-core uploads no
+        glob-expanded definitions (runupserter.go, UpdateMetrics) and each
+        row holds its writer's step axis.
         """
         pb: Any = importlib.import_module("wandb.proto.wandb_internal_pb2")  # generated: no types to check
         from wandb.sdk.interface.history_value import set_history_value
@@ -66,12 +75,12 @@ class Batcher:
         encoding = run._settings.x_history_value_encoding.split(",")
         json_form = HISTORY_VALUE_ENCODING_JSON in encoding
         typed_form = HISTORY_VALUE_ENCODING_TYPED in encoding
-        request = pb.PartialHistoryRequest()
+        history = pb.HistoryRecord()
         for key, value in row.items():
-            item = request.item.add()
+            item = history.item.add()
             item.key = key
             set_history_value(item, value, json_form=json_form, typed_form=typed_form)
-        self._interface._publish_partial_history(request)
+        self._interface._publish_history(history)
         run._local_step += 1  # as run.log without a step or commit
 
     def _keep(self, record: Any, *, nowait: bool = False) -> None:
