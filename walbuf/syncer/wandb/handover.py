@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -18,9 +18,11 @@ class Batcher:
 
     TESTED_WANDB = ("0.31.0",)
 
-    def __init__(self, interface: Any, request_type: Any) -> None:
+    def __init__(self, interface: Any, request_type: Any, history_type: Any, fill: Callable[[Any, Any], None]) -> None:
         self._interface = interface
         self._request_type = request_type
+        self._history_type = history_type
+        self._fill = fill  # writes one value into a history item, as wandb's run.log would
         self._kept: list[Any] = []
 
     @classmethod
@@ -36,7 +38,8 @@ class Batcher:
         if type(interface) is not InterfaceSock:
             return None
         messages: Any = importlib.import_module("wandb.proto.wandb_server_pb2")  # generated: no types to check
-        return cls(interface, messages.ServerRequest)
+        records: Any = importlib.import_module("wandb.proto.wandb_internal_pb2")
+        return cls(interface, messages.ServerRequest, records.HistoryRecord, _filler(run))
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
@@ -68,18 +71,11 @@ class Batcher:
         glob-expanded definitions (runupserter.go, UpdateMetrics) and each
         row holds its writer's step axis.
         """
-        pb: Any = importlib.import_module("wandb.proto.wandb_internal_pb2")  # generated: no types to check
-        from wandb.sdk.interface.history_value import set_history_value
-        from wandb.sdk.wandb_settings import HISTORY_VALUE_ENCODING_JSON, HISTORY_VALUE_ENCODING_TYPED
-
-        encoding = run._settings.x_history_value_encoding.split(",")
-        json_form = HISTORY_VALUE_ENCODING_JSON in encoding
-        typed_form = HISTORY_VALUE_ENCODING_TYPED in encoding
-        history = pb.HistoryRecord()
+        history = self._history_type()
         for key, value in row.items():
             item = history.item.add()
             item.key = key
-            set_history_value(item, value, json_form=json_form, typed_form=typed_form)
+            self._fill(item, value)
         self._interface._publish_history(history)
         run._local_step += 1  # as run.log without a step or commit
 
@@ -106,6 +102,39 @@ class Batcher:
                 await client.publish(request)
 
         self._interface._asyncer.run(publish_all)
+
+
+def _filler(run: Any) -> Callable[[Any, Any], None]:
+    """How Batcher.log writes a plain value into a history item: as wandb's set_history_value does, in the forms
+    the run's settings ask for.
+
+    In the default form (JSON only), straight through pydantic-core as
+    wandb's own encoder does it for a plain value (wandb/sdk/lib/json_util.py
+    ``dumps``: ``to_json(..., inf_nan_mode="constants")``, its fallback never
+    needed by a plain value; a text it refuses, a lone surrogate, goes to
+    wandb's function, which has the standard library spell it). Building an
+    encoder per value took most of a row's time in wandb's function.
+    """
+    from pydantic_core import PydanticSerializationError, to_json
+    from wandb.sdk.interface.history_value import set_history_value
+    from wandb.sdk.wandb_settings import HISTORY_VALUE_ENCODING_JSON, HISTORY_VALUE_ENCODING_TYPED
+
+    forms = run._settings.x_history_value_encoding.split(",")
+    json_form, typed_form = HISTORY_VALUE_ENCODING_JSON in forms, HISTORY_VALUE_ENCODING_TYPED in forms
+
+    def as_wandb(item: Any, value: Any) -> None:
+        set_history_value(item, value, json_form=json_form, typed_form=typed_form)
+
+    if typed_form or not json_form:
+        return as_wandb
+
+    def as_json(item: Any, value: Any) -> None:
+        try:
+            item.value_json = to_json(value, inf_nan_mode="constants").decode()
+        except PydanticSerializationError:
+            as_wandb(item, value)
+
+    return as_json
 
 
 # The values of a row Batcher.log builds as run.log would: JSON's own, which
