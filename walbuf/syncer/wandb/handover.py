@@ -18,10 +18,9 @@ class Batcher:
 
     TESTED_WANDB = ("0.31.0",)
 
-    def __init__(self, interface: Any, request_type: Any, history_type: Any, fill: Callable[[Any, Any], None]) -> None:
+    def __init__(self, interface: Any, request_type: Any, fill: Callable[[Any, Any], None]) -> None:
         self._interface = interface
         self._request_type = request_type
-        self._history_type = history_type
         self._fill = fill  # writes one value into a history item, as wandb's run.log would
         self._kept: list[Any] = []
 
@@ -38,8 +37,7 @@ class Batcher:
         if type(interface) is not InterfaceSock:
             return None
         messages: Any = importlib.import_module("wandb.proto.wandb_server_pb2")  # generated: no types to check
-        records: Any = importlib.import_module("wandb.proto.wandb_internal_pb2")
-        return cls(interface, messages.ServerRequest, records.HistoryRecord, _filler(run))
+        return cls(interface, messages.ServerRequest, _filler(run))
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
@@ -71,12 +69,18 @@ class Batcher:
         glob-expanded definitions (runupserter.go, UpdateMetrics) and each
         row holds its writer's step axis.
         """
-        history = self._history_type()
+        # Kept as InterfaceSock._publish would keep what _publish_history
+        # makes of it (a Record holding only the row, its stream assigned),
+        # built in place rather than copied twice.
+        request = self._request_type()
+        record = request.record_publish
+        items = record.history.item
         for key, value in row.items():
-            item = history.item.add()
+            item = items.add()
             item.key = key
             self._fill(item, value)
-        self._interface._publish_history(history)
+        self._interface._assign(record)
+        self._kept.append(request)
         run._local_step += 1  # as run.log without a step or commit
 
     def _keep(self, record: Any, *, nowait: bool = False) -> None:
