@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import importlib
@@ -24,6 +25,10 @@ from .handover import PLAIN, Batcher
 from .media import histograms, pillow
 from .service import core_connection, own_service_only, restart_wandb
 
+# Batches the sender may be behind a time-bounded sync (keep_pace): a few
+# keep wandb-core's stages busy while Python prepares the next, and are
+# sent in well under a second when the finish begins.
+PACE_AHEAD = 4
 FILE_STREAM_INTERVAL = 2.0  # seconds between wandb-core's history posts (whole seconds: wandb-core truncates)
 
 
@@ -82,7 +87,7 @@ class WandbRun:
         directory.mkdir(parents=True, exist_ok=True)
         self._images = directory / "walbuf-images"  # each image's PNG, until wandb has copied it
         self._batcher: Batcher | None = None  # while in batched()
-        self._pace: Any = None  # the mark keep_pace() waits for next
+        self._marks: collections.deque[Any] = collections.deque()  # keep_pace()'s, oldest first
         self._rows = 0  # history rows handed to wandb: what W&B must be seen to have taken
         self._finishing = finish_state and shared  # its last file_stream request must carry the finish
         try:
@@ -199,8 +204,8 @@ class WandbRun:
                 self._batcher = None
 
     def keep_pace(self) -> None:
-        """Wait until wandb-core's sender has taken in every row handed over before the previous call (one call's
-        rows may be under way).
+        """Mark the rows handed over so far; wait until wandb-core's sender has taken in those of all but the last
+        PACE_AHEAD calls.
 
         Under a time bound rows handed over faster than wandb-core sends them
         would wait in it for run.finish(), past the time the bound keeps for
@@ -211,9 +216,9 @@ class WandbRun:
         handler forwards it, core stream/handler.go handleRequestStopStatus;
         the flow control keeps unsaved requests in their place,
         flowcontrolbuffer.go; the sender answers whether the file stream
-        stopped, sender.go sendRequestStopStatus), and the next call waits
-        for its answer, so Python prepares a batch while wandb-core sends the
-        one before. With a wandb the batched hand-over was not checked against
+        stopped, sender.go sendRequestStopStatus), and a later call waits
+        for its answer, so Python prepares batches while wandb-core sends the
+        ones before. With a wandb the batched hand-over was not checked against
         (Batcher.of), rows go one by one and nothing is waited for.
         """
         interface: Any = self._run._interface  # an InterfaceSock, as Batcher.of checked
@@ -224,10 +229,9 @@ class WandbRun:
         record = pb.Record(request=pb.Request(stop_status=pb.StopStatusRequest()))
         record.control.local = True  # as wandb's own requests: not written to the run's .wandb file
         with core_connection("sending history"):
-            marker = interface._deliver(record)
-            previous, self._pace = self._pace, marker
-            if previous is not None:
-                previous.wait_or(timeout=None)
+            self._marks.append(interface._deliver(record))
+            if len(self._marks) > PACE_AHEAD:
+                self._marks.popleft().wait_or(timeout=None)
 
     def _log(self, row: dict[str, Any], step: int | None) -> None:
         try:
