@@ -235,10 +235,10 @@ class WandbRun:
 
     def _log(self, row: dict[str, Any], step: int | None) -> None:
         try:
-            with core_connection("sending history"):
-                if self._batcher is not None and step is None and PLAIN.issuperset(map(type, row.values())):
-                    self._batcher.log(self._run, row)
-                else:
+            if self._batcher is not None and step is None and PLAIN.issuperset(map(type, row.values())):
+                self._batcher.log(self._run, row)  # kept for the batch's hand-over: nothing goes to wandb-core yet
+            else:
+                with core_connection("sending history"):
                     self._run.log(row, step=step)  # wandb.log copies the row
         except (ValueError, TypeError) as exc:
             raise RowRefused(f"wandb refused the row: {describe(exc)}") from exc
