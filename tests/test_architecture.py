@@ -20,7 +20,8 @@ LAYERS = {
     "walbuf.directory": {"walbuf.store", "walbuf.directory", "walbuf.expiry"},
     "walbuf.buffer": {"walbuf.store", "walbuf.directory"},
     "walbuf.settings": {"walbuf.store", "walbuf.buffer"},
-    "walbuf.syncer": {"walbuf.store", "walbuf.directory", "walbuf.buffer", "walbuf.syncer"},
+    # The sync knows no buffer kind: what a kind hands it is walbuf.store.source's.
+    "walbuf.syncer": {"walbuf.store", "walbuf.buffer", "walbuf.syncer"},
     "walbuf.ops": {"walbuf.store", "walbuf.directory", "walbuf.buffer", "walbuf.ops"},
     "walbuf.expiry": set(),
     "walbuf.writer": {"walbuf.store", "walbuf.buffer", "walbuf.settings", "walbuf.expiry"},

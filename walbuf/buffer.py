@@ -30,8 +30,7 @@ from typing import Protocol, Union
 import sqlalchemy as sa
 
 from .directory import DirectoryBuffer
-from .directory.buffer import Backlog, SyncSource, check_directory
-from .directory.segment import Hold
+from .directory.buffer import check_directory
 from .errors import BufferNotFoundError, ConfigError, NotABufferError, StorageError, UntrustedPathError
 from .record import Record
 from .store import Access, Durability, Storage
@@ -39,6 +38,7 @@ from .store.backend import Backend, Lock, WriterLock
 from .store.claims import Claims, Conflict
 from .store.postgresql import PostgresBackend
 from .store.schema import runs, writers
+from .store.source import Backlog, Hold, SyncSource
 from .store.sqlite import SQLiteBackend
 from .store.storage import ConfigKind, writer_lock_name
 from .store.target import Target

@@ -11,8 +11,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .buffer import Buffer, Location
-from .directory.segment import Hold
 from .settings import WriterSettings
+from .store.source import Hold
 from .writer import Writer
 
 if TYPE_CHECKING:

@@ -12,6 +12,6 @@
 - :mod:`.buffer`: the DirectoryBuffer the rest of walbuf uses
 """
 
-from .buffer import Backlog, DirectoryBuffer
+from .buffer import DirectoryBuffer
 
-__all__ = ["Backlog", "DirectoryBuffer"]
+__all__ = ["DirectoryBuffer"]

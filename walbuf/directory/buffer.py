@@ -27,6 +27,7 @@ from ..record import Record
 from ..store import Access, Durability, Storage
 from ..store.backend import Lock
 from ..store.schema import log_cursors, log_writers, runs, writers
+from ..store.source import Backlog, SyncSource
 from ..store.sqlite import SQLiteBackend
 from ..store.storage import stored_metrics, writer_lock_name
 from .appender import process_shard
@@ -40,34 +41,6 @@ from .shard import ShardError, ShardGone, ShardReader
 from .sync_host import claim, written_elsewhere
 
 _log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Backlog:
-    """A shard whose records the hub does not hold yet."""
-
-    shard: Shard
-    # Records the next sync on this host copies into the hub; None: an older
-    # walbuf's live shard of another host, which this host may not read, or
-    # one it refuses.
-    not_in_hub: int | None
-    # Why the next sync sets the shard aside or (a log shard) reads it only up
-    # to a point (damaged, or holding what walbuf never writes); None if not.
-    refused: str | None = None
-
-
-@dataclass(frozen=True)
-class SyncSource:
-    """The database a sync uploads from, open, and what bringing it together found."""
-
-    storage: Storage
-    # Shards moved to quarantine/ (damaged, or refused), a message each.
-    set_aside: tuple[str, ...] = ()
-    # What the sync did not open or take in, a message each: files walbuf does
-    # not trust or does not name so, live shards of this host it refused.
-    refused: tuple[str, ...] = ()
-    # The sync's stop condition held before every shard was taken in.
-    stopped: bool = False
 
 
 @dataclass(frozen=True)
@@ -216,18 +189,18 @@ class DirectoryBuffer:
                 if shard.state == "ingested":
                     continue
                 if shard.format == "sqlite" and shard.state == "live" and shard.host != host:
-                    out.append(Backlog(shard, None))
+                    out.append(_backlog(shard, None))
                     continue
                 try:
                     missing = self.not_in_hub(shard, hub)
                 except ShardGone:
                     continue  # sealed since the listing: the next look counts it
                 except ShardError as exc:
-                    out.append(Backlog(shard, None, str(exc)))
+                    out.append(_backlog(shard, None, str(exc)))
                     continue
                 refused = cursor_of(hub, shard.id).refused if shard.format == "log" else None
                 if missing or refused or shard.state != "sealed" or shard.format == "sqlite":
-                    out.append(Backlog(shard, missing, refused))
+                    out.append(_backlog(shard, missing, refused))
             return out
         finally:
             if hub is not None:
@@ -373,3 +346,7 @@ def check_directory(root: Path, *, create: bool) -> None:
         f"{root} is a directory, but not a walbuf directory buffer (it has no {MARKER} file);"
         f" {what} (nothing was changed)"
     )
+
+
+def _backlog(shard: Shard, not_in_hub: int | None, refused: str | None = None) -> Backlog:
+    return Backlog(shard.id, shard.host, shard.state == "live", shard.gen / 1e9, not_in_hub, refused)

@@ -114,14 +114,7 @@ def status(buffer: Location) -> BufferStatus:
     damaged: list[str] = []
     strangers: list[str] = []
     shard_status = [
-        ShardStatus(
-            e.shard.id,
-            e.shard.host,
-            "live" if e.shard.state == "live" else "sealed",
-            e.shard.gen / 1e9,
-            e.not_in_hub,
-            e.refused,
-        )
+        ShardStatus(e.name, e.host, "live" if e.live else "sealed", e.created_at, e.not_in_hub, e.refused)
         for e in located.backlog()
     ]
     damaged = [f"{shard}: {why}" for shard, why in located.set_aside()]

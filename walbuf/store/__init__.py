@@ -11,6 +11,8 @@
 - :mod:`.machine`: this machine, its boot and PID namespace, and whether a
   process of it runs
 - :mod:`.space`: a full disk told from damage, and room kept for a sync
+- :mod:`.source`: what every buffer kind hands the sync and status
+  (SyncSource, Backlog)
 """
 
 from .backend import Access, Durability

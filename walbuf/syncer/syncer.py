@@ -251,7 +251,7 @@ def _dry_run(buffer: Buffer, choices: PassChoices) -> SyncResult:
     not_in_hub = sum(e.not_in_hub for e in backlog if e.not_in_hub is not None)
     unreadable = sum(1 for e in backlog if e.not_in_hub is None and e.refused is None)
     refused = (
-        *(f"shard {e.shard.id} is not taken in whole: {e.refused}" for e in backlog if e.refused is not None),
+        *(f"shard {e.name} is not taken in whole: {e.refused}" for e in backlog if e.refused is not None),
         *buffer.not_opened(),
     )
     return SyncResult(
