@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -81,3 +84,40 @@ def test_a_missing_lock_file_is_not_held_and_probing_it_makes_none(tmp_path: Pat
     assert not held(tmp_path / "x.lock", me)
     assert read_note(tmp_path / "x.lock", me) is None
     assert not (tmp_path / "x.lock").exists()
+
+
+# A process started with its standard input closed (a daemon, a cron line with
+# `<&-`) opens its first file as descriptor 0: a lock on it is a lock like any other.
+ON_DESCRIPTOR_0 = textwrap.dedent(
+    """
+    import os, sys
+    from pathlib import Path
+    from walbuf.store.flock import FileLock, held, read_note
+    from walbuf.store.trust import Owner
+
+    os.close(0)
+    me, path = Owner(os.geteuid()), Path(sys.argv[1])
+    lock = FileLock(path, me)
+    assert lock.acquire(timeout=0)
+    assert os.fstat(0).st_ino == path.stat().st_ino, "the lock file is not on descriptor 0"
+    try:
+        lock.acquire(timeout=0)
+    except RuntimeError:
+        pass
+    else:
+        raise AssertionError("a held lock was taken again")
+    lock.note("closed 0 7")
+    assert lock.current_note() == "closed 0 7"
+    assert held(path, me)
+    lock.release()
+    assert not held(path, me) and read_note(path, me) == "closed 0 7"
+    print("ok")
+    """
+)
+
+
+def test_a_lock_on_descriptor_0_is_held_noted_and_released_as_any_other(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-c", ON_DESCRIPTOR_0, str(tmp_path / "x.lock")], capture_output=True, text=True
+    )
+    assert proc.returncode == 0 and proc.stdout == "ok\n", proc.stderr
