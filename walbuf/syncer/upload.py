@@ -183,20 +183,41 @@ def upload(
                 raise
             wandb_run.finish(exit_code=finish_code)
     except BaseException as exc:
-        # Whatever ended the upload is raised on; first its entry is closed
-        # (as far as records were handed to wandb), unless the buffer itself
-        # is what failed. Ctrl-C, or SIGTERM as the command turns it into a
-        # KeyboardInterrupt, is an interruption.
-        interrupted = isinstance(exc, KeyboardInterrupt)
-        why = f"interrupted ({str(exc) or 'Ctrl-C'})" if interrupted else str(exc) or type(exc).__name__
-        with contextlib.suppress(StorageError):
-            reached = max(replay.last_handled, replay.handed)
-            # What a retry fixes by itself (exit 75) is "unreachable": no person is needed.
-            retry = isinstance(exc, (UploadError, OutOfTime))
-            _failed(storage, plan, "interrupted" if interrupted else "unreachable" if retry else "failed", why, reached)
-            if isinstance(exc, TargetRefusedError):
-                _refuse_target(storage, plan, str(exc))
+        _close_failed(storage, plan, replay, exc)
         raise
+    return _confirm(storage, plan, replay, wandb_run, config_id, finish_code, mode, tuple(changes), refused_settings)
+
+
+def _close_failed(storage: Storage, plan: Plan, replay: _Replay, exc: BaseException) -> None:
+    """Close the sync's entry of an upload that ``exc`` ended, as far as records were handed to wandb (unless the
+    buffer itself is what failed).
+
+    Ctrl-C, or SIGTERM as the command turns it into a KeyboardInterrupt, is
+    an interruption; what a retry fixes by itself (exit 75) is
+    "unreachable": no person is needed.
+    """
+    interrupted = isinstance(exc, KeyboardInterrupt)
+    why = f"interrupted ({str(exc) or 'Ctrl-C'})" if interrupted else str(exc) or type(exc).__name__
+    with contextlib.suppress(StorageError):
+        reached = max(replay.last_handled, replay.handed)
+        retry = isinstance(exc, (UploadError, OutOfTime))
+        _failed(storage, plan, "interrupted" if interrupted else "unreachable" if retry else "failed", why, reached)
+        if isinstance(exc, TargetRefusedError):
+            _refuse_target(storage, plan, str(exc))
+
+
+def _confirm(
+    storage: Storage,
+    plan: Plan,
+    replay: _Replay,
+    wandb_run: RunSink,
+    config_id: int,
+    finish_code: int | None,
+    mode: SyncMode,
+    changes: tuple[ConfigChange, ...],
+    refused_settings: Sequence[RefusedSetting],
+) -> RunSync:
+    """Mark what wandb confirmed synced, in one transaction; the upload's report."""
     replay.report_progress()
     storage.confirm_upload(
         Confirmed(
@@ -220,7 +241,7 @@ def upload(
         per_writer=replay.counts,
         target=wandb_run.target,
         offline_dir=wandb_run.offline_dir,
-        config_changes=tuple(changes),
+        config_changes=changes,
         quarantined=tuple(q for _, q in replay.quarantined),
         refused_settings=(*refused_settings, *replay.summary_left_out),
         cut_short=replay.sent + len(replay.quarantined) < plan.report.records,
