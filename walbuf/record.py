@@ -125,8 +125,9 @@ MAX_DEPTH = 32
 FLOAT_MAX = sys.float_info.max
 """An int beyond it reaches W&B as infinity: wandb-core parses history numbers as float64 (Go's encoding/json)."""
 RESERVED_KEYS = frozenset({"_step", "_runtime", "_timestamp", "_wandb"})
-"""wandb-core overwrites _step and _runtime in every row (core/internal/stream/handler.go,
-flushPartialHistory), the SDK sets _timestamp, and _wandb holds wandb's own config and summary."""
+"""wandb-core numbers every row's _step (core/internal/stream/historystep.go), the syncer gives each row its
+_timestamp and _runtime (wandb's run.log would overwrite them: stream/handler.go, flushPartialHistory), and
+_wandb holds wandb's own config and summary."""
 
 CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f]")
 # Keys that passed _check_key in this process (metrics repeat their keys every step).
