@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import json
 import math
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import walbuf
-from walbuf.record import MAX_DEPTH, MAX_VALUE_BYTES
+from walbuf.record import MAX_DEPTH, MAX_VALUE_BYTES, encode
 
 ROUND_TRIP = {
     "int": 7,
@@ -379,3 +380,15 @@ def test_log_stores_a_record_exactly_or_refuses_it_and_writes_nothing(open_write
         assert got == []  # refused: nothing written
     else:
         assert len(got) == 1 and same_metrics(got[0], stored)  # stored: exactly as given
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),  # NaN, the infinities, non-ASCII too
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(JSON_VALUES)
+def test_what_walbuf_stores_is_the_json_that_json_dumps_writes(value):
+    assert encode(value) == json.dumps(value, separators=(",", ":"), allow_nan=True)

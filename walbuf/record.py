@@ -17,9 +17,10 @@ exactly through repr, so every accepted value comes back as it went in.
 from __future__ import annotations
 
 import json
+import json.encoder
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -327,8 +328,28 @@ def _check_text(name: str, value: str, what: str) -> None:
         )
 
 
-# Made once: json.dumps() with arguments builds a new encoder on every call.
-encode = json.JSONEncoder(separators=(",", ":"), allow_nan=True).encode
+def _encoder() -> Callable[[Any], str]:
+    """json.dumps(value, separators=(",", ":"), allow_nan=True), made once.
+
+    json.dumps() with arguments builds a new encoder on every call, and an
+    encoder builds its C scanner on every encode(): here the C encoder is
+    built once (json.encoder.c_make_encoder, as JSONEncoder.iterencode
+    builds it), without the check for circular references, which nothing
+    walbuf encodes can hold (flattened metrics, values decoded from JSON).
+    """
+    python = json.JSONEncoder(separators=(",", ":"), allow_nan=True)
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # a Python without the C accelerator
+        return python.encode
+    chunks = make(None, python.default, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, True)
+
+    def encode(value: Any) -> str:
+        return "".join(chunks(value, 0))
+
+    return encode
+
+
+encode = _encoder()
 """Serialise flattened metrics for storage (JSON; NaN and +-inf kept)."""
 
 
