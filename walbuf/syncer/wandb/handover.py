@@ -18,9 +18,10 @@ class Batcher:
 
     TESTED_WANDB = ("0.31.0",)
 
-    def __init__(self, interface: Any, request_type: Any, fill: Callable[[Any, Any], None]) -> None:
+    def __init__(self, interface: Any, request_type: Any, records: Any, fill: Callable[[Any, Any], None]) -> None:
         self._interface = interface
         self._request_type = request_type
+        self._records = records  # wandb's record messages (wandb_internal_pb2)
         self._fill = fill  # writes one value into a history item, as wandb's run.log would
         self._kept: list[Any] = []
 
@@ -37,7 +38,8 @@ class Batcher:
         if type(interface) is not InterfaceSock:
             return None
         messages: Any = importlib.import_module("wandb.proto.wandb_server_pb2")  # generated: no types to check
-        return cls(interface, messages.ServerRequest, _filler(run))
+        records: Any = importlib.import_module("wandb.proto.wandb_internal_pb2")
+        return cls(interface, messages.ServerRequest, records, _filler(run))
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
@@ -82,6 +84,20 @@ class Batcher:
         self._interface._assign(record)
         self._kept.append(request)
         run._local_step += 1  # as run.log without a step or commit
+
+    def mark(self) -> Any:
+        """Send a mark the sender answers in order with the rows before it; the handle of its answer.
+
+        A StopStatus request: the handler forwards it (core
+        stream/handler.go, handleRequestStopStatus), the flow control keeps
+        unsaved requests in their place (flowcontrolbuffer.go), and the
+        sender answers whether the file stream stopped (sender.go,
+        sendRequestStopStatus). In installed(), what is kept is handed over
+        first, as for any request that waits for an answer.
+        """
+        record = self._records.Record(request=self._records.Request(stop_status=self._records.StopStatusRequest()))
+        record.control.local = True  # as wandb's own requests: not written to the run's .wandb file
+        return self._interface._deliver(record)
 
     def _keep(self, record: Any, *, nowait: bool = False) -> None:
         # What InterfaceSock._publish builds, kept instead of sent.

@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import hashlib
-import importlib
 import io
 import logging
 import os
@@ -122,6 +121,9 @@ class WandbRun:
                 f"wandb refused a setting: {settings_problem(exc)}; check WANDB_BASE_URL and the other WANDB_*"
                 " variables of this environment"
             ) from exc
+        # Made once for the run (it resolves wandb's internals it relies on);
+        # None with a wandb it was not checked against.
+        self._handover = Batcher.of(self._run)
 
     @property
     def target(self) -> Target:
@@ -190,7 +192,7 @@ class WandbRun:
         (the upload fails; nothing is marked synced). With a wandb this was
         not checked against (see Batcher.of), each record goes as before.
         """
-        batcher = Batcher.of(self._run)
+        batcher = self._handover
         if batcher is None:
             yield
             return
@@ -212,24 +214,15 @@ class WandbRun:
         that. The sender, not the handler, is what falls behind: wandb-core
         then parks the rows on disk ("flowcontrol: backed up") and the handler
         keeps answering at once. So each call is marked by a request the
-        sender answers in order with the rows before it (StopStatus: the
-        handler forwards it, core stream/handler.go handleRequestStopStatus;
-        the flow control keeps unsaved requests in their place,
-        flowcontrolbuffer.go; the sender answers whether the file stream
-        stopped, sender.go sendRequestStopStatus), and a later call waits
+        sender answers in order with the rows before it (Batcher.mark), and a later call waits
         for its answer, so Python prepares batches while wandb-core sends the
         ones before. With a wandb the batched hand-over was not checked against
         (Batcher.of), rows go one by one and nothing is waited for.
         """
-        interface: Any = self._run._interface  # an InterfaceSock, as Batcher.of checked
-        if Batcher.of(self._run) is None or interface is None:
+        if self._handover is None:
             return
-        pb: Any = importlib.import_module("wandb.proto.wandb_internal_pb2")  # generated: no types to check
-
-        record = pb.Record(request=pb.Request(stop_status=pb.StopStatusRequest()))
-        record.control.local = True  # as wandb's own requests: not written to the run's .wandb file
         with core_connection("sending history"):
-            self._marks.append(interface._deliver(record))
+            self._marks.append(self._handover.mark())
             if len(self._marks) > PACE_AHEAD:
                 self._marks.popleft().wait_or(timeout=None)
 
