@@ -113,6 +113,18 @@ def test_two_writers_putting_one_key_on_two_axes_are_refused_at_log_naming_the_o
     ]
 
 
+def test_a_record_refused_for_a_key_conflict_is_refused_every_time(buffer):
+    with (
+        walbuf.Writer(buffer, writer="train", prefix="", step_axis="train_step") as train,
+        walbuf.Writer(buffer, writer="eval", prefix="", step_axis="eval_step") as evaluation,
+    ):
+        train.log({"loss": 1.0})
+        for _ in range(2):  # nothing of a refused record is remembered as checked
+            with pytest.raises(walbuf.KeyConflictError):
+                evaluation.log({"loss": 2.0})
+    assert record_count(buffer) == 1
+
+
 def test_a_metric_named_like_another_writers_step_axis_is_refused(buffer):
     with (
         walbuf.Writer(buffer, writer="train", prefix="", step_axis="train_step") as train,

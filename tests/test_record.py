@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import walbuf
-from walbuf.record import MAX_DEPTH, MAX_VALUE_BYTES, encode
+from walbuf.record import MAX_DEPTH, MAX_VALUE_BYTES, Shapes, encode, encode_metrics, flatten, line_room
 
 ROUND_TRIP = {
     "int": 7,
@@ -392,3 +392,51 @@ JSON_VALUES = st.recursive(
 @given(JSON_VALUES)
 def test_what_walbuf_stores_is_the_json_that_json_dumps_writes(value):
     assert encode(value) == json.dumps(value, separators=(",", ":"), allow_nan=True)
+
+
+# Values log() takes or refuses; huge ints (past a float64's range) included.
+NUMBERS_AND_OTHERS = st.one_of(
+    st.integers(), st.floats(), st.booleans(), st.none(), any_text, st.integers(min_value=10**307, max_value=10**309)
+)
+KEYS = any_text | st.sampled_from(["%", "a%s", "%(x)r", "%%"])  # '%' is printf's: the template must not read it
+
+
+def _payload_or_refusal(metrics):
+    try:
+        return encode_metrics(flatten(metrics, "w/step"))
+    except (walbuf.MetricTypeError, walbuf.MetricValueError):
+        return None
+
+
+@settings(max_examples=300)
+@given(first=st.dictionaries(KEYS, NUMBERS_AND_OTHERS, min_size=1, max_size=4), data=st.data())
+def test_a_learnt_key_set_encodes_a_record_as_the_full_check_does_or_leaves_it_to_it(first, data):
+    shapes = Shapes()
+    if _payload_or_refusal(first) is not None:  # log() learns the keys of the records it stores
+        flat = flatten(first, "w/step")
+        shapes.learn(flat, line_room(len(flat), "w/"))
+    values = data.draw(st.lists(NUMBERS_AND_OTHERS, min_size=len(first), max_size=len(first)))
+    second = dict(zip(first, values, strict=True))
+    got, full = shapes.encode(second), _payload_or_refusal(second)
+    if got is not None:
+        assert got == full  # the very text of the full path, never a record it refuses
+    plain = all(type(v) in (int, float) and -sys.float_info.max <= v <= sys.float_info.max for v in values)
+    if _payload_or_refusal(first) is not None and tuple(flatten(first, "w/step")) == tuple(first) and plain:
+        assert got is not None  # a record of plain numbers of a learnt key set takes the short path
+
+
+def test_a_record_longer_than_what_needs_no_closer_look_is_left_to_the_full_check():
+    shapes = Shapes()
+    shapes.learn({"loss": 0.5}, room=len('{"loss":0.25}'))
+    assert shapes.encode({"loss": 0.25}) == '{"loss":0.25}'
+    assert shapes.encode({"loss": 0.125}) is None
+
+
+def test_a_record_of_the_keys_logged_before_is_stored_exactly(open_writer):
+    buffer, w = open_writer
+    before = len(list(walbuf.read(buffer)))
+    logged = [{"loss": 0.5, "acc%": 1}, {"loss": 0.25, "acc%": 2}, {"loss": float("nan"), "acc%": True}]
+    for metrics in logged:
+        w.log(metrics)
+    got = [r.metrics for r in walbuf.read(buffer)][before:]
+    assert len(got) == 3 and all(same_metrics(g, m) for g, m in zip(got, logged, strict=True))

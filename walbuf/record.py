@@ -358,6 +358,53 @@ def encode_metrics(flat: Mapping[str, Stored]) -> str:
     return encode(flat)
 
 
+class Shapes:
+    """The key sets one writer logged, checked once: its next records of them, in plain numbers, skip the checks.
+
+    A training loop logs the same keys at every step. Once a record was
+    checked by flatten() and stored, :meth:`learn` keeps its keys;
+    :meth:`encode` then gives, for a dict of those keys in that order whose
+    values are all ints or finite floats, the very text
+    ``encode_metrics(flatten(metrics, ...))`` gives, without checking the
+    keys again. For anything else it answers None, and the caller takes the
+    full path. At most MAX key sets are kept.
+    """
+
+    MAX = 64
+
+    def __init__(self) -> None:
+        # keys -> (their printf-style template, the longest payload needing no closer look: see line_room)
+        self._known: dict[tuple[Any, ...], tuple[str, int]] = {}
+
+    def encode(self, metrics: Any) -> str | None:
+        """The payload of ``metrics`` if it is a dict of a learnt key set with plain numbers; else None."""
+        if type(metrics) is not dict:
+            return None
+        known = self._known.get(tuple(metrics))
+        if known is None:
+            return None
+        template, room = known
+        values = tuple(metrics.values())
+        for value in values:  # an int or a finite float (NaN fails both comparisons)
+            kind = type(value)
+            if (kind is not float and kind is not int) or not -FLOAT_MAX <= value <= FLOAT_MAX:
+                return None
+        # %r of an int or a finite float is its JSON text (json's encoder calls
+        # the same int.__repr__ and float.__repr__).
+        payload: str = template % values
+        return payload if len(payload) <= room else None
+
+    def learn(self, flat: Mapping[str, Stored], room: int) -> None:
+        """Keep the keys of ``flat``, a record flatten() returned and the buffer stored (its keys claimed).
+
+        ``room``: the longest payload of them that needs no closer look (see line_room).
+        """
+        if len(self._known) < self.MAX:
+            keys = tuple(flat)
+            # '%' in a key is doubled: the template is a printf-style format.
+            self._known[keys] = ("{" + ",".join(encode(key).replace("%", "%%") + ":%r" for key in keys) + "}", room)
+
+
 _decoder = json.JSONDecoder()
 # The C scanner itself: JSONDecoder.decode() adds two passes of a regex for
 # whitespace around the value, which encode() never writes.

@@ -39,7 +39,7 @@ from .errors import (
     WriterClosedError,
     WriterConflictError,
 )
-from .record import check_line, encode_config, encode_metrics, flatten
+from .record import Shapes, check_line, encode_config, encode_metrics, flatten, line_room
 from .settings import WriterSettings
 from .store.backend import WriterLock
 from .store.claims import wandb_key
@@ -72,6 +72,9 @@ class _Open:
     # once per process.
     claimed: set[str] = field(default_factory=set)
     axis_claimed: bool = False
+    # Key sets logged before with plain numbers: the next records of the same
+    # keys skip their checks (see record.Shapes).
+    shapes: Shapes = field(default_factory=Shapes)
 
     def claim(self, keys: dict[str, Any]) -> None:
         """Claim the W&B names of ``keys`` (and of the step axis) not claimed yet; KeyConflictError if another writer
@@ -281,15 +284,18 @@ class Writer:
         metric. An int >= 0, else ArgumentTypeError or StepOrderError.
         """
         state = self._opened_here()
-        flat = flatten(metrics, state.step_axis)
-        if not flat:
-            # It would take a step of its own and give W&B a row of nothing.
-            raise MetricValueError("a record needs at least one metric: log({}) has none", NOTHING_WRITTEN)
-        keys = flat
-        if axis is not None:
-            flat = {**flat, state.step_axis: _checked_step(axis, None, state.writer, "axis")}
-        payload = encode_metrics(flat)
-        check_line(payload, flat, state.prefix + "/")
+        payload = state.shapes.encode(metrics) if axis is None else None
+        flat = None
+        if payload is None:
+            flat = flatten(metrics, state.step_axis)
+            if not flat:
+                # It would take a step of its own and give W&B a row of nothing.
+                raise MetricValueError("a record needs at least one metric: log({}) has none", NOTHING_WRITTEN)
+            stored = flat
+            if axis is not None:
+                stored = {**flat, state.step_axis: _checked_step(axis, None, state.writer, "axis")}
+            payload = encode_metrics(stored)
+            check_line(payload, stored, state.prefix + "/")
         with self._lock:
             self._check_open(state)
             last = state.last_step
@@ -297,10 +303,12 @@ class Writer:
                 step = 0 if last is None else last + 1
             else:
                 step = _checked_step(step, last, state.writer)
-            if not state.axis_claimed or not state.claimed.issuperset(keys):
-                state.claim(keys)
+            if flat is not None and (not state.axis_claimed or not state.claimed.issuperset(flat)):
+                state.claim(flat)
             state.segment.append(state.writer_pk, step, time.time(), payload)
             state.last_step = step
+            if flat is not None and axis is None:
+                state.shapes.learn(flat, line_room(len(flat), state.prefix + "/"))
             return step
 
     def config(self, values: Mapping[str, Any]) -> None:
