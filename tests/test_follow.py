@@ -182,7 +182,7 @@ def test_a_follow_of_a_buffer_not_made_yet_says_what_it_waits_for_and_a_mistyped
     assert "if it was uploading" in err and "an upload it cut off" not in err
 
 
-def test_a_follow_warns_of_a_record_it_quarantined_as_a_sync_does(server, buffer):
+def test_a_follow_that_quarantined_a_record_warns_and_exits_3_as_a_sync_does(server, buffer):
     with walbuf.Writer(buffer, writer="w", run="exp") as w:
         w.log({"i": 0})
         (writer_id,) = run_sql(buffer, "SELECT id FROM writers WHERE name = 'w'")[0]
@@ -194,6 +194,6 @@ def test_a_follow_warns_of_a_record_it_quarantined_as_a_sync_does(server, buffer
         )
     follow = start_follow(server, buffer)  # the writer closed: the follow ends after one pass
     _, err = follow.communicate(timeout=120)
-    assert follow.returncode == 0, err
+    assert follow.returncode == 3, err
     assert "quarantined w step 1" in err and "walbuf records" in err
     assert values(server) == [0]

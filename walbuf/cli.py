@@ -155,6 +155,11 @@ def _follow(options: dict[str, Any], interval: float, *, quiet: bool, verbose: b
         )
     if not quiet:
         click.echo(f"followed to the end: {_records(done.records)} synced in {done.passes} passes")
+    if done.needs_a_person:
+        # As a sync that quarantined: a supervisor or cron line learns it from the code.
+        left = f"{_records(done.quarantined)} quarantined" if done.quarantined else "part of the buffer set aside"
+        click.echo(f"walbuf: the follow left {left}, never to be sent (see the warnings above)", err=True)
+        sys.exit(exitcodes.QUARANTINED.code)
 
 
 def _buffer_given(ctx: click.Context, param: click.Parameter, value: str) -> str:

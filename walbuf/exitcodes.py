@@ -40,8 +40,8 @@ ERROR = ExitCode(1, "other walbuf error (the message says what to do); for `doct
 USAGE = ExitCode(2, "bad command-line usage")
 QUARANTINED = ExitCode(
     3,
-    "`sync` sent the rest, but W&B refuses some records or settings for good: they are quarantined"
-    " (`walbuf records --quarantined` shows them); or a shard of a directory buffer is damaged or holds"
+    "`sync` (or a `--follow` at its end) sent the rest, but W&B refuses some records or settings for good: they"
+    " are quarantined (`walbuf records --quarantined` shows them); or a shard of a directory buffer is damaged or holds"
     " what walbuf never writes, and was read only up to there (`walbuf doctor` says what to do)",
 )
 LOCKED = ExitCode(11, "another `walbuf sync` of this buffer is running", retry=True)

@@ -53,11 +53,18 @@ RENEW_EVERY = 100  # uploading passes between restarts of wandb's service
 
 @dataclass(frozen=True)
 class FollowResult:
-    """What a follow did: its passes, the records they synced, and the runs it finished in W&B."""
+    """What a follow did: its passes, the records they synced, and the runs it finished in W&B.
+
+    ``quarantined``: records its passes quarantined (W&B refuses them for
+    good); ``needs_a_person``: whether any pass left part of the buffer
+    unsent for good, as :attr:`SyncResult.needs_a_person` says of one.
+    """
 
     passes: int
     records: int
     finished: tuple[str, ...]
+    quarantined: int = 0
+    needs_a_person: bool = False
 
 
 def follow(
@@ -100,9 +107,9 @@ def follow(
                 said = True
             if waiting.wait(interval):  # the job has not made it yet
                 return FollowResult(0, 0, ())
-    passes = records = uploads = 0
+    passes = records = uploads = quarantined = 0
     finished: list[str] = []
-    made = False
+    made = needs_a_person = False
     with holding_sync_lock(located, 0):
         while not waiting.is_set():
             try:
@@ -116,6 +123,8 @@ def follow(
             passes += 1
             if done is not None:
                 records += done.records
+                quarantined += done.quarantined
+                needs_a_person = needs_a_person or done.needs_a_person
                 finished += [r.run for r in done.runs if r.finished is not None]
                 if done.runs:
                     uploads += 1
@@ -126,7 +135,7 @@ def follow(
                 if _all_finished(located, run, run_id):
                     break
             waiting.wait(interval)
-    return FollowResult(passes, records, tuple(dict.fromkeys(finished)))
+    return FollowResult(passes, records, tuple(dict.fromkeys(finished)), quarantined, needs_a_person)
 
 
 def _waiting_for(buffer: Location, interval: float) -> str:
