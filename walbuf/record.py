@@ -399,10 +399,14 @@ class Shapes:
 
         ``room``: the longest payload of them that needs no closer look (see line_room).
         """
-        if len(self._known) < self.MAX:
-            keys = tuple(flat)
-            # '%' in a key is doubled: the template is a printf-style format.
-            self._known[keys] = ("{" + ",".join(encode(key).replace("%", "%%") + ":%r" for key in keys) + "}", room)
+        keys = tuple(flat)
+        # A key set already kept is not built again: a writer whose records of
+        # it take the full path (a NaN, a text) would otherwise pay for its
+        # template at every log().
+        if keys in self._known or len(self._known) >= self.MAX:
+            return
+        # '%' in a key is doubled: the template is a printf-style format.
+        self._known[keys] = ("{" + ",".join(encode(key).replace("%", "%%") + ":%r" for key in keys) + "}", room)
 
 
 _decoder = json.JSONDecoder()
