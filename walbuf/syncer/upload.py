@@ -176,12 +176,14 @@ def upload(
                     # The job goes on: say so, or W&B marks the run crashed once
                     # it has heard nothing for 5 minutes (walbuf.syncer.finish).
                     wandb_run.mark_preempting()
+                wandb_run.finish(exit_code=finish_code)
             except BaseException:
                 # Left open, wandb's service would keep the run in this process
-                # ("run ID ... is in use" to the next upload of it).
+                # ("run ID ... is in use" to the next upload of it); cut off in
+                # finish() (Ctrl-C, SIGTERM, the budget's hard stop), it would
+                # still be sending, and wandb's exit hook would wait for it.
                 wandb_run.abandon()
                 raise
-            wandb_run.finish(exit_code=finish_code)
     except BaseException as exc:
         _close_failed(storage, plan, replay, exc)
         raise
