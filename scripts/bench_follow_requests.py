@@ -1,31 +1,33 @@
-"""What a `walbuf sync --follow` costs the W&B server: requests per pass that uploads, and per day.
+"""What a `walbuf sync --follow` costs the W&B server per minute, and how soon a record arrives.
 
-A writer logs one record, the follow uploads it, and so on for --passes
-passes, against the fake server (tests/wandb_server.py), which records every
-request it gets; then the writer closes and the follow finishes the run.
-Printed: requests per uploading pass by kind (GraphQL operations,
-file_stream posts, file PUTs), the finishing pass's, and what a day of
-uploading passes at the default interval (a record arriving at least every
-5 s) sends, against W&B's documented limit of 2 file_stream requests per
-second per run (Dedicated/Self-Managed) and the older public 50-200
-requests per minute per account.
+A writer logs --rate records a second for --minutes minutes while a follow
+(at its default interval) streams them to the fake server
+(tests/wandb_server.py), which records every request it gets; then the
+writer closes and the follow finishes the run. Printed: requests per minute
+by kind (GraphQL operations, file_stream posts, file PUTs) over the
+writer's minutes, the finishing's requests, rows logged and arrived (each
+once), and the lag from a record's log() to its arrival at the server
+(p50, p90, max). W&B documents 2 file_stream requests per second per run
+(Dedicated/Self-Managed) and, in older public docs, 50-200 requests per
+minute per account.
 
-    python scripts/bench_follow_requests.py [--passes 20]
+    python scripts/bench_follow_requests.py [--minutes 10] [--rate 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
 
 import walbuf
-from walbuf.syncer.follow import DEFAULT_INTERVAL
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from wandb_server import FakeWandb  # noqa: E402
@@ -38,49 +40,70 @@ def kind(request: tuple[str, str, str | None]) -> str:
     return "file_stream" if path.endswith("file_stream") else f"{method} file"
 
 
-def rows(server: FakeWandb) -> int:
-    return sum(len(run.history) for run in list(server.runs.values()))
+def index(row: dict[str, object]) -> int:
+    """The record's number, under the writer's prefix."""
+    return next(int(v) for k, v in row.items() if k.split("/")[-1] == "i")  # type: ignore[call-overload]
+
+
+def watch_arrivals(server: FakeWandb, arrived: dict[int, float], done: threading.Event) -> None:
+    """Stamp each history row with the time it reached the server (woken by the server's own condition)."""
+    seen = 0
+    with server._changed:
+        while not done.is_set():
+            server._changed.wait(timeout=0.5)
+            now = time.time()
+            history = [row for run in server.runs.values() for row in run.history]
+            for row in history[seen:]:
+                arrived.setdefault(index(row), now)
+            seen = len(history)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--passes", type=int, default=20)
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--rate", type=float, default=2.0, help="records logged per second")
     args = parser.parse_args()
+    logged: dict[int, float] = {}
+    arrived: dict[int, float] = {}
     with tempfile.TemporaryDirectory() as tmp, FakeWandb() as server:
         buffer = Path(tmp) / "metrics.db"
         writer = walbuf.Writer(buffer, writer="w", run="follow")
-        writer.log({"x": 0})
         follow = subprocess.Popen(
-            [sys.executable, "-m", "walbuf", "sync", str(buffer), "--follow", "--interval", "0.2", "--quiet"],
+            [sys.executable, "-m", "walbuf", "sync", str(buffer), "--follow", "--quiet"],
             env={**os.environ, **server.env()},
         )
-        while rows(server) < 1:  # a bench may poll: the first pass has run
-            time.sleep(0.05)
-        start = len(server.requests)
-        for i in range(1, args.passes + 1):
-            writer.log({"x": i})
-            while rows(server) < i + 1:
-                time.sleep(0.05)
-        during = Counter(kind(r) for r in server.requests[start:])
+        done = threading.Event()
+        watcher = threading.Thread(target=watch_arrivals, args=(server, arrived, done), daemon=True)
+        watcher.start()
+        start = time.monotonic()
+        first = len(server.requests)
+        i = 0
+        while time.monotonic() - start < args.minutes * 60:
+            logged[i] = time.time()
+            writer.log({"i": i})
+            i += 1
+            time.sleep(max(0.0, start + i / args.rate - time.monotonic()))
+        during = Counter(kind(r) for r in server.requests[first:])
+        minutes = (time.monotonic() - start) / 60
         end = len(server.requests)
         writer.close()
         if follow.wait(timeout=300) != 0:
             sys.exit("the follow failed")
         finishing = Counter(kind(r) for r in server.requests[end:])
-    per_pass = {k: n / args.passes for k, n in sorted(during.items())}
-    total = sum(per_pass.values())
-    day = 86_400 / DEFAULT_INTERVAL
-    print(f"requests per uploading pass (mean of {args.passes}): {total:.1f}")
-    for k, n in per_pass.items():
-        print(f"  {k:<40} {n:5.1f}")
+        done.set()
+        watcher.join()
+        history = [index(row) for run in server.runs.values() for row in run.history]
+    lags = sorted(arrived[i] - logged[i] for i in logged if i in arrived)
+    total = sum(during.values())
+    twice = len(history) - len(set(history))
+    print(f"{minutes:.1f} minutes, {len(logged):,} records logged, {len(set(history)):,} arrived, {twice} twice")
+    print(f"requests per minute: {total / minutes:.1f}")
+    for k, n in sorted(during.items()):
+        print(f"  {k:<40} {n / minutes:6.1f}")
+    print(f"the finishing: {sum(finishing.values())} ({', '.join(f'{k} {n}' for k, n in sorted(finishing.items()))})")
     print(
-        f"the finishing pass: {sum(finishing.values())} ({', '.join(f'{k} {n}' for k, n in sorted(finishing.items()))})"
-    )
-    stream = per_pass.get("file_stream", 0.0)
-    print(
-        f"a day of uploading passes every {DEFAULT_INTERVAL:g} s: {total * day:,.0f} requests"
-        f" ({total * 60 / DEFAULT_INTERVAL:.0f} a minute), {stream * day:,.0f} of them file_stream"
-        f" ({stream / DEFAULT_INTERVAL:.2f}/s against a limit of 2/s per run)"
+        f"lag from log() to the server: p50 {statistics.median(lags):.2f} s,"
+        f" p90 {lags[int(len(lags) * 0.9)]:.2f} s, max {lags[-1]:.2f} s"
     )
 
 
