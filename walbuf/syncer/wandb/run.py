@@ -315,8 +315,9 @@ class WandbRun:
     def abandon(self) -> None:
         """End the upload unfinished: nothing more of it is sent, and the next upload may open the run again.
 
-        For an upload cut off in this process (an exception before finish());
-        none of it is marked synced, and the service ends as restart_wandb() ends it.
+        For an upload cut off in this process (an exception before or in finish(): a signal or the time
+        bound in finish() leaves wandb-core sending); none of it is marked synced, and the service ends as
+        restart_wandb() ends it.
         """
         # The run's own threads (wandb's network status checker) end first:
         # left running, they ask the service that is gone and print a traceback.
