@@ -63,7 +63,10 @@ Rules of the real server it keeps, each with its source:
   ``rate_limit(n)`` answers the next n requests so.
 
 Faults for tests: ``go_down()`` closes the listening socket (connections are
-refused) and ``go_up()`` listens again on the same port; ``fail_with(500)``
+refused) and drops the connections already open, as a server or network that
+goes away does (a client's kept-alive connection then fails on its next
+request: RFC 9112 section 9.6, a server may close an idle connection at any
+time); ``go_up()`` listens again on the same port; ``fail_with(500)``
 answers every request (or only "graphql" or "file_stream") with that status;
 ``fail_history_after(n, 500)`` accepts n history posts, then fails the rest;
 ``hold_uploads()`` records history posts but leaves them unanswered until
@@ -213,7 +216,7 @@ class FakeWandb:
     # -- faults ----------------------------------------------------------------
 
     def go_down(self) -> None:
-        """Stop listening: clients get "connection refused"."""
+        """Stop listening and drop open connections: clients get "connection refused" or a reset."""
         self.stop()
 
     def go_up(self) -> None:
@@ -479,6 +482,39 @@ class FakeWandb:
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._open: set[socket.socket] = set()
+        self._open_lock = threading.Lock()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._open_lock:
+            self._open.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._open_lock:
+            self._open.discard(request)
+        super().shutdown_request(request)
+
+    def server_close(self) -> None:
+        """Close the listening socket and every connection still open.
+
+        http.server alone leaves a handler thread serving its keep-alive
+        connection after ``shutdown()``: the server would still answer a client
+        that holds one, which no server that went away does.
+        """
+        super().server_close()
+        with self._open_lock:
+            still_open = list(self._open)
+        for request in still_open:
+            try:
+                # shutdown, not close: the handler thread still owns the socket
+                # and closes it; it reads EOF or gets EPIPE when it writes.
+                request.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # the client closed it first
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client that exits drops its keep-alive connections: not an error here.
