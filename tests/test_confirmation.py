@@ -13,6 +13,7 @@ import json
 
 import pytest
 
+from walbuf.syncer.wandb.confirmation import Account
 from walbuf.syncer.wandb.confirmation import unconfirmed as _unconfirmed
 
 
@@ -90,3 +91,25 @@ def test_a_line_cut_off_at_the_end_confirms_nothing_it_would_have_said(tmp_path)
     log = tmp_path / "debug-internal.log"
     log.write_text(START + "\n" + _request(50) + "\n" + SENT[: len(SENT) // 2])
     assert _unconfirmed(log, 50, False) is not None
+
+
+def test_a_log_read_as_it_grows_counts_each_line_once_and_a_line_under_way_when_whole(tmp_path):
+    log = tmp_path / "debug-internal.log"
+    account = Account(log)
+    log.write_text(START + "\n" + _request(30) + "\n" + SENT + "\n" + _request(20) + "\n" + SENT[:10])
+    account.read()
+    assert account.taken() == 30
+    with log.open("a") as f:
+        f.write(SENT[10:] + "\n")
+    account.read()
+    assert account.taken() == 50 and account.missing(50, finishing=False) is None
+
+
+@pytest.mark.parametrize("level", ["ERROR", "ERROR+4"])  # ERROR+4: slog's name for wandb-core's fatal level
+def test_an_error_line_of_wandb_core_is_seen_as_it_is_written(tmp_path, level):
+    log = tmp_path / "debug-internal.log"
+    account = Account(log)
+    giving_up = json.dumps({"level": level, "msg": "filestream: fatal error: giving up after 4 attempt(s)"})
+    log.write_text(START + "\n" + _request(30) + "\n" + giving_up + "\n")
+    account.read()
+    assert account.errors and account.taken() == 0
