@@ -433,7 +433,8 @@ def test_max_seconds_bounds_the_process_when_wandb_core_stops_answering(server, 
     _, stderr = syncer.communicate(timeout=120)
     elapsed = time.monotonic() - start
     assert syncer.returncode == 75, stderr
-    # Cut off in run.finish(), the upload is abandoned (wandb-core killed), so wandb's exit hook has nothing to wait for.
+    # Cut off in run.finish(), the upload is abandoned (wandb-core killed):
+    # wandb's exit hook has nothing to wait for.
     assert "time bound passed before W&B confirmed the upload" in stderr and "Traceback" not in stderr
     assert elapsed < 8 + 1, elapsed
     assert process_state(core) in (None, "Z")  # killed with the sync: it sends nothing more
