@@ -11,7 +11,7 @@ once), and the lag from a record's log() to its arrival at the server
 (Dedicated/Self-Managed) and, in older public docs, 50-200 requests per
 minute per account.
 
-    python scripts/bench_follow_requests.py [--minutes 10] [--rate 2]
+    python scripts/bench_follow_requests.py [--minutes 10] [--rate 2] [--interval S]
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--rate", type=float, default=2.0, help="records logged per second")
+    parser.add_argument("--interval", type=float, help="the follow's --interval (default: its own)")
     args = parser.parse_args()
     logged: dict[int, float] = {}
     arrived: dict[int, float] = {}
@@ -69,7 +70,8 @@ def main() -> None:
         buffer = Path(tmp) / "metrics.db"
         writer = walbuf.Writer(buffer, writer="w", run="follow")
         follow = subprocess.Popen(
-            [sys.executable, "-m", "walbuf", "sync", str(buffer), "--follow", "--quiet"],
+            [sys.executable, "-m", "walbuf", "sync", str(buffer), "--follow", "--quiet"]
+            + ([] if args.interval is None else ["--interval", str(args.interval)]),
             env={**os.environ, **server.env()},
         )
         done = threading.Event()

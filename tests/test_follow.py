@@ -7,6 +7,7 @@ printed, never on time.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_sql, run_sync, wandb_cores
+from conftest import run_sql, run_sync, walbuf_command, wandb_cores
 
 import walbuf
 
@@ -23,11 +24,11 @@ pytestmark = [pytest.mark.backends("sqlite"), pytest.mark.slow]
 TESTS = Path(__file__).parent
 
 
-def start_follow(server, buffer, *args):
+def start_follow(server, buffer, *args, stderr=subprocess.PIPE):
     return subprocess.Popen(
         [sys.executable, "-m", "walbuf", "sync", str(buffer), "--follow", "--interval", "0.5", *args],
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=stderr,
         text=True,
         env={**os.environ, **server.env()},
     )
@@ -130,6 +131,77 @@ def test_a_follow_rides_out_w_and_b_going_down_and_nothing_is_lost(server, buffe
         writer.kill()
         follow.kill()
     assert set(values(server)) == {0, 1, 2}
+
+
+def history_streams(server):
+    """The wandb processes' streams that sent the run's history: one per wandb.init of it."""
+    (fake_run,) = server.runs.values()
+    return {stream for stream, name in fake_run.lines if name == "wandb-history.jsonl"}
+
+
+def pending(buffer):
+    proc = walbuf_command("status", str(buffer), "--json")
+    assert proc.returncode == 0, proc.stderr
+    return sum(w["pending"] for r in json.loads(proc.stdout)["runs"] for w in r["writers"])
+
+
+def test_a_follows_passes_send_into_one_w_and_b_run_kept_open(server, buffer):
+    writer = start_writer(buffer)
+    follow = start_follow(server, buffer)
+    try:
+        for i in range(3):
+            log(writer, i)  # after the last arrived: each record is a pass of its own
+            server.wait_for_rows(i + 1, timeout=60)
+        assert len(history_streams(server)) == 1  # one wandb.init, not one per pass
+        close(writer)
+        out, err = follow.communicate(timeout=120)
+    finally:
+        writer.kill()
+        follow.kill()
+    assert follow.returncode == 0, err
+    assert values(server) == [0, 1, 2]
+    (fake_run,) = server.runs.values()
+    assert server.state(fake_run.id) == "finished"
+
+
+def test_a_kept_run_whose_posts_fail_marks_nothing_synced(server, buffer):
+    writer = start_writer(buffer)
+    follow = start_follow(server, buffer, stderr=subprocess.STDOUT)  # what the next pass says, in order
+    try:
+        log(writer, 0)
+        assert "1 record synced" in follow.stdout.readline()  # the run is kept open
+        server.fail_with(500, "file_stream")
+        log(writer, 1)
+        assert "the follow tries again" in follow.stdout.readline()  # not "1 record synced"
+        assert pending(buffer) == 1
+        server.fail_with(None)
+        close(writer)
+        out, err = follow.communicate(timeout=180)
+    finally:
+        writer.kill()
+        follow.kill()
+    assert follow.returncode == 0, err
+    assert values(server) == [0, 1]
+    assert pending(buffer) == 0
+
+
+def test_a_follow_killed_with_its_run_kept_open_loses_and_repeats_nothing(server, buffer):
+    writer = start_writer(buffer)
+    follow = start_follow(server, buffer)
+    try:
+        log(writer, 0)
+        assert "1 record" in follow.stdout.readline()  # synced: the run is kept open
+        follow.kill()
+        follow.wait()
+        log(writer, 1)
+        close(writer)
+    finally:
+        writer.kill()
+        follow.kill()
+    assert run_sync(server, buffer).returncode == 0
+    assert values(server) == [0, 1]  # each once
+    (fake_run,) = server.runs.values()
+    assert server.state(fake_run.id) == "finished"
 
 
 def test_follow_takes_no_bounds_or_offline_mode(server, buffer):

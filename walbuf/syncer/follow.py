@@ -5,6 +5,9 @@ plan, upload, confirm, and finish a run whose writers all closed), in one
 process that holds the buffer's sync lock throughout: a cron sync meanwhile
 exits 11 ("will retry"). The passes follow each other ``interval`` seconds
 apart, so a record reaches W&B within about ``interval`` plus one upload.
+A run whose job goes on is kept open from one pass to the next (see
+walbuf.syncer.kept): W&B hears one wandb.init and one file_stream, not one
+per pass.
 While passes go on, the W&B run shows "running" (each pass is heard from
 well within W&B's 5 minutes; none marks it preempting).
 
@@ -37,17 +40,26 @@ from ..errors import BufferNotFoundError, UploadError
 from ..store import Storage, Target
 from ..store.schema import runs
 from ..store.target import check_target
+from .kept import KeptRuns
 from .plan import runs_to_sync
 from .results import SyncResult
-from .syncer import PassChoices, holding_sync_lock, sync_pass
+from .syncer import PassChoices, holding_sync_lock, sync_pass, working_folder
+from .upload import RunSink
 from .wandb import check_wandb, renew_wandb, restart_wandb
 
 _log = logging.getLogger(__name__)
 
-DEFAULT_INTERVAL = 5.0  # seconds between passes: a record reaches W&B within about 10 s
+# Seconds between passes. A pass that finds nothing new sends nothing, and
+# the run stays open between passes (walbuf.syncer.kept), so short passes
+# cost W&B no more requests: wandb-core posts at most every 2 s
+# (FILE_STREAM_INTERVAL). A pass that starts within 2 s of the last post has
+# its rows wait for the next one and go in one post; a record reaches W&B
+# in about 2 s (scripts/bench_follow_requests.py, docs/performance.md).
+DEFAULT_INTERVAL = 1.0
 # wandb-core keeps about 120 KiB for each run it served, finished or not
-# (measured with wandb 0.31: 100 runs of one process, 33.8 -> 45.9 MiB), and
-# each pass that uploads is a run: a follow of days would grow without bound.
+# (measured with wandb 0.31: 100 runs of one process, 33.8 -> 45.9 MiB); a
+# follow of days must not keep one wandb-core, so it is renewed after every
+# RENEW_EVERY passes that uploaded (the runs kept open are closed first).
 RENEW_EVERY = 100  # uploading passes between restarts of wandb's service
 
 
@@ -110,31 +122,42 @@ def follow(
     passes = records = uploads = quarantined = 0
     finished: list[str] = []
     made = needs_a_person = False
-    with holding_sync_lock(located, 0):
-        while not waiting.is_set():
-            try:
-                done = _pass(located, run, overrides, check=not made, on_retry=on_retry)
-            except BufferNotFoundError:
-                if made:
-                    raise
-                waiting.wait(interval)  # its first writer is making it (an empty database, so far)
-                continue
-            made = True
-            passes += 1
-            if done is not None:
-                records += done.records
-                quarantined += done.quarantined
-                needs_a_person = needs_a_person or done.needs_a_person
-                finished += [r.run for r in done.runs if r.finished is not None]
-                if done.runs:
-                    uploads += 1
-                    if uploads % renew_every == 0:
-                        renew_wandb()
-                if on_pass is not None and done.runs:
-                    on_pass(done)
-                if _all_finished(located, run, run_id):
-                    break
-            waiting.wait(interval)
+    with holding_sync_lock(located, 0), working_folder() as folder:
+        keeper: KeptRuns[RunSink] = KeptRuns(folder)
+        try:
+            while not waiting.is_set():
+                try:
+                    done = _pass(located, run, overrides, keeper, check=not made, on_retry=on_retry)
+                except BufferNotFoundError:
+                    if made:
+                        raise
+                    waiting.wait(interval)  # its first writer is making it (an empty database, so far)
+                    continue
+                made = True
+                passes += 1
+                if done is not None:
+                    records += done.records
+                    quarantined += done.quarantined
+                    needs_a_person = needs_a_person or done.needs_a_person
+                    finished += [r.run for r in done.runs if r.finished is not None]
+                    if done.runs:
+                        uploads += 1
+                        if uploads % renew_every == 0:
+                            keeper.close_all()
+                            renew_wandb()
+                    if on_pass is not None and done.runs:
+                        on_pass(done)
+                    if _all_finished(located, run, run_id):
+                        break
+                waiting.wait(interval)
+            keeper.close_all()
+        except BaseException:
+            # Its rows are marked synced, so nothing is lost: a run kept open
+            # is ended with wandb's service, not finished (the server may be
+            # what stopped the follow, and finishing would wait for it).
+            restart_wandb()
+            keeper.forget()
+            raise
     return FollowResult(passes, records, tuple(dict.fromkeys(finished)), quarantined, needs_a_person)
 
 
@@ -149,14 +172,21 @@ def _waiting_for(buffer: Location, interval: float) -> str:
 
 
 def _pass(
-    located: Buffer, run: str | None, overrides: Target, *, check: bool, on_retry: Callable[[UploadError], None] | None
+    located: Buffer,
+    run: str | None,
+    overrides: Target,
+    keeper: KeptRuns[RunSink],
+    *,
+    check: bool,
+    on_retry: Callable[[UploadError], None] | None,
 ) -> SyncResult | None:
     """One sync of every run in scope, under the follow's lock; None if W&B or the network failed it."""
     try:
-        choices = PassChoices(run, overrides, check=check, more_soon=True, missing_ok=True)
+        choices = PassChoices(run, overrides, check=check, more_soon=True, missing_ok=True, keeper=keeper)
         return sync_pass(located, choices)
     except UploadError as exc:
         restart_wandb()
+        keeper.forget()
         if on_retry is not None:
             on_retry(exc)
         return None

@@ -44,9 +44,10 @@ from ..store.target import check_target
 from ..store.trust import Owner, make_folders
 from .budget import Budget, OutOfTime
 from .finish import outcome
+from .kept import KeptRuns
 from .plan import plan, runs_to_sync
 from .results import SYNC_MODES, RunSync, SyncMode, SyncResult
-from .upload import OpenRun, upload
+from .upload import OpenRun, RunSink, upload
 from .wandb import WandbRun, check_wandb
 
 _log = logging.getLogger(__name__)
@@ -64,7 +65,8 @@ class PassChoices:
     run whose job goes on is left running, not marked preempting.
     ``missing_ok``: a ``run`` no writer has made yet is nothing to sync, not
     an error. ``open_run``: what opens each upload's run (tests pass a
-    stand-in for wandb).
+    stand-in for wandb). ``keeper``: where a run whose job goes on is kept
+    open for the next pass (walbuf.follow's; see walbuf.syncer.kept).
     """
 
     run: str | None = None
@@ -78,6 +80,7 @@ class PassChoices:
     more_soon: bool = False
     missing_ok: bool = False
     open_run: OpenRun = WandbRun
+    keeper: KeptRuns[RunSink] | None = None
 
 
 def sync(
@@ -202,6 +205,8 @@ def _sync_run(storage: Storage, buffer: Buffer, name: str, folder: Path, choices
     if done is None:
         return report
     code, failed = done
+    if choices.keeper is not None:
+        choices.keeper.close(name)  # the finishing upload opens the run with its state to set
     final = _upload(storage, name, folder, replace(choices, progress=None, on_run=None), code)
     assert final is not None
     if final.finished is not None:
@@ -228,6 +233,7 @@ def _upload(storage: Storage, name: str, folder: Path, choices: PassChoices, fin
             finish_code=finish_code,
             more_soon=choices.more_soon,
             open_run=choices.open_run,
+            keeper=choices.keeper,
         )
     except OutOfTime as exc:
         raise UploadError(
@@ -285,6 +291,14 @@ def _wandb_folder(storage: Storage, directory: str | os.PathLike[str] | None, mo
                 " offline run: give one with --dir"
             )
         return
+    with working_folder() as folder:
+        yield folder
+
+
+@contextmanager
+def working_folder() -> Iterator[Path]:
+    """A fresh folder for wandb's files of online uploads, under walbuf's cache folder ($XDG_CACHE_HOME/walbuf/sync,
+    else ~/.cache/walbuf/sync), removed when the block ends (or, if this process is killed, by the next sync here)."""
     cache = _cache_folder()
     _remove_folders_of_killed_syncers(cache)
     folder = Path(tempfile.mkdtemp(prefix=f"{_this_process()}-", dir=cache))

@@ -44,6 +44,7 @@ from ..store import Storage, Target
 from ..store.schema import config_entries, records, runs, syncs
 from ..store.storage import Confirmed
 from .budget import Budget, OutOfTime
+from .kept import KeptRuns
 from .metrics import RunMetrics
 from .plan import Plan, PlanWriter, pending_filter
 from .results import ConfigChange, Quarantined, RefusedSetting, RunSync, SyncMode
@@ -94,6 +95,11 @@ class RunSink(Protocol):
 
     def mark_preempting(self) -> None: ...
 
+    @property
+    def keepable(self) -> bool: ...
+
+    def settle(self) -> None: ...
+
     def finish(self, exit_code: int | None = None) -> None: ...
 
     def abandon(self) -> None: ...
@@ -127,6 +133,7 @@ def upload(
     finish_code: int | None = None,
     more_soon: bool = False,
     open_run: OpenRun = WandbRun,
+    keeper: KeptRuns[RunSink] | None = None,
 ) -> RunSync:
     """Send the plan's records, within the budget, into the run ``open_run`` opens; what was sent, once wandb confirmed
     it.
@@ -154,20 +161,31 @@ def upload(
     """
     merged, changes, refused_settings, config_id = _config(storage, plan)
     replay = _Replay(storage, plan, mode, budget, progress)
+    name = plan.report.run
+    # A follow's run whose job goes on is kept open for its next pass (walbuf.syncer.kept).
+    keeping = keeper if finish_code is None and mode == "online" else None
+    own_folder: Path | None = None  # the keeper's folder of the run, if the keeper is to have it
+    kept = False
     try:
         with budget.hard_stop():
-            wandb_run = open_run(
-                plan.report.target,
-                # The display name is given once, when the W&B run is made: a
-                # later sync would undo a rename made in W&B.
-                plan.report.run if plan.new_run else None,
-                mode,
-                directory,
-                # The whole config from the start: W&B keeps the latest update's.
-                config=merged["config"],
-                init_timeout=budget.init_timeout(),
-                finish_state=finish_code is not None,
-            )
+            taken = keeping.take(name, plan.report.target.wandb_id, config_id) if keeping is not None else None
+            if taken is not None:
+                wandb_run, own_folder = taken
+            else:
+                if keeping is not None:
+                    own_folder = directory = keeping.new_folder()
+                wandb_run = open_run(
+                    plan.report.target,
+                    # The display name is given once, when the W&B run is made: a
+                    # later sync would undo a rename made in W&B.
+                    name if plan.new_run else None,
+                    mode,
+                    directory,
+                    # The whole config from the start: W&B keeps the latest update's.
+                    config=merged["config"],
+                    init_timeout=budget.init_timeout(),
+                    finish_state=finish_code is not None,
+                )
             try:
                 if on_open is not None:
                     on_open(plan.report)
@@ -176,17 +194,27 @@ def upload(
                     # The job goes on: say so, or W&B marks the run crashed once
                     # it has heard nothing for 5 minutes (walbuf.syncer.finish).
                     wandb_run.mark_preempting()
-                wandb_run.finish(exit_code=finish_code)
+                if keeping is not None and wandb_run.keepable:
+                    wandb_run.settle()
+                    keeping.keep(name, wandb_run, config_id, own_folder or directory)
+                    kept = True
+                else:
+                    wandb_run.finish(exit_code=finish_code)
             except BaseException:
                 # Left open, wandb's service would keep the run in this process
                 # ("run ID ... is in use" to the next upload of it); cut off in
                 # finish() (Ctrl-C, SIGTERM, the budget's hard stop), it would
                 # still be sending, and wandb's exit hook would wait for it.
                 wandb_run.abandon()
+                if keeper is not None:
+                    keeper.forget()  # abandon() ended wandb's service, and every run kept in it
                 raise
     except BaseException as exc:
         _close_failed(storage, plan, replay, exc)
         raise
+    finally:
+        if keeping is not None and own_folder is not None and not kept:
+            keeping.done_with(own_folder)
     return _confirm(storage, plan, replay, wandb_run, config_id, finish_code, mode, tuple(changes), refused_settings)
 
 

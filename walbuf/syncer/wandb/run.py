@@ -9,6 +9,7 @@ import io
 import logging
 import os
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from ...image import TYPE as IMAGE
 from ...image import png_of
 from ...store import Target
 from ..results import SyncMode
-from .confirmation import unconfirmed
+from .confirmation import Account
 from .failures import LOGIN, REINSTALL, describe, failure, init_failure, init_log, settings_problem, upload_failure
 from .handover import PLAIN, Batcher
 from .media import histograms, pillow
@@ -29,6 +30,11 @@ from .service import core_connection, own_service_only, restart_wandb
 # sent in well under a second when the finish begins.
 PACE_AHEAD = 4
 FILE_STREAM_INTERVAL = 2.0  # seconds between wandb-core's history posts (whole seconds: wandb-core truncates)
+# How often settle() reads wandb-core's account (a few lines each time), and
+# how long it waits for W&B without any answer before it gives up: longer
+# than wandb-core's own retries of one post (retry_settings).
+SETTLE_POLL = 0.05
+SETTLE_PATIENCE = 90.0
 
 
 class WandbRun:
@@ -79,7 +85,7 @@ class WandbRun:
             # a quarter of W&B's default limit of 2 requests/s per run (W&B docs, rate limits).
             x_file_stream_transmit_interval=FILE_STREAM_INTERVAL,
             # The file_stream's account of its requests, which confirms an
-            # upload (unconfirmed), is logged at INFO: never at a level above it.
+            # upload (confirmation.Account), is logged at INFO: never at a level above it.
             x_log_level=logging.INFO,
             **retry_settings(),
         )
@@ -89,6 +95,8 @@ class WandbRun:
         self._marks: collections.deque[Any] = collections.deque()  # keep_pace()'s, oldest first
         self._rows = 0  # history rows handed to wandb: what W&B must be seen to have taken
         self._finishing = finish_state and shared  # its last file_stream request must carry the finish
+        self._declared: set[tuple[str, str]] = set()  # definitions wandb-core has: declaring one again upserts the run
+        self._images_logged = False
         try:
             self._run = wandb.init(
                 id=target.wandb_id,
@@ -124,6 +132,7 @@ class WandbRun:
         # Made once for the run (it resolves wandb's internals it relies on);
         # None with a wandb it was not checked against.
         self._handover = Batcher.of(self._run)
+        self._account = Account(Path(self._run.settings.log_internal))
 
     @property
     def target(self) -> Target:
@@ -144,11 +153,17 @@ class WandbRun:
         """
         import wandb
 
+        if (key, step_metric) in self._declared:
+            # A run kept open across passes (walbuf.syncer.kept) has it: each
+            # declaration marks the run's config changed, and wandb-core
+            # upserts the run for it (core runupserter.go UpdateMetrics).
+            return
         try:
             with core_connection("declaring metrics"):
                 self._run.define_metric(_escape(key), step_metric=_escape(step_metric))
         except (ValueError, TypeError, wandb.errors.Error) as exc:  # local: about the name, not the network
             raise RowRefused(f"wandb refused to declare metric {key!r}: {describe(exc)}") from exc
+        self._declared.add((key, step_metric))
 
     def update_summary(self, summary: dict[str, Any]) -> None:
         """Set the run's summary (after the rows: a row would replace a key it also holds).
@@ -176,6 +191,7 @@ class WandbRun:
         finally:
             for file in files:
                 file.unlink(missing_ok=True)
+        self._images_logged = self._images_logged or bool(images)
         # wandb copied each file into its run folder while logging (Media.bind_to_run).
         return {key: image.to_json(self._run) for key, image in images.items()}
 
@@ -296,7 +312,8 @@ class WandbRun:
         if problem is not None:
             raise failure(problem, "uploading")
         if self.mode == "online":
-            missing = unconfirmed(Path(self._run.settings.log_internal), self._rows, self._finishing)
+            self._account.read()
+            missing = self._account.missing(self._rows, self._finishing)
             if missing is not None:
                 raise UploadError(
                     f"W&B did not confirm the upload: {missing}; so nothing was marked synced, and the next"
@@ -311,6 +328,45 @@ class WandbRun:
                 f"W&B's file storage refused the upload of {names}, so nothing was marked synced; retry later"
                 " (storage refuses an upload URL that expired; the next sync asks W&B for new ones)"
             )
+
+    @property
+    def keepable(self) -> bool:
+        """Whether the run may be kept open for the next pass (:meth:`settle` confirms all it sent).
+
+        Only an online run that sent no image: an image's file is uploaded
+        apart from the history, and only finish() confirms it.
+        """
+        return self.mode == "online" and not self._images_logged
+
+    def settle(self) -> None:
+        """Wait until W&B is seen to have taken every history row handed over so far; the run stays open.
+
+        For a run a follow keeps open across its passes (walbuf.syncer.kept).
+        The evidence is finish()'s (confirmation.Account: W&B's answers to
+        wandb-core's file_stream posts), read as wandb-core writes it; the
+        posts go every FILE_STREAM_INTERVAL seconds. Raises UploadError when
+        wandb-core logs an error, or when W&B takes nothing more for
+        SETTLE_PATIENCE seconds: then none of the rows may be marked synced.
+        """
+        waited_since = time.monotonic()
+        taken = -1
+        while True:
+            self._account.read()
+            if self._account.errors:
+                problem, _ = upload_failure(self._run)
+                raise failure(problem or "wandb-core logged an error", "uploading")
+            if self._account.started:
+                if self._account.taken() >= self._rows:
+                    return
+                if self._account.taken() > taken:
+                    taken, waited_since = self._account.taken(), time.monotonic()
+            if time.monotonic() - waited_since > SETTLE_PATIENCE:
+                missing = self._account.missing(self._rows, finishing=False)
+                raise UploadError(
+                    f"W&B did not confirm the upload within {SETTLE_PATIENCE:g}s: {missing}; so nothing was marked"
+                    " synced, and the next pass sends it again (retry later)"
+                )
+            time.sleep(SETTLE_POLL)  # wandb-core's log is the event: nothing else tells of W&B's answers
 
     def abandon(self) -> None:
         """End the upload unfinished: nothing more of it is sent, and the next upload may open the run again.
