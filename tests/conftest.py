@@ -231,6 +231,13 @@ def walbuf_command(*args, env=None, timeout=120):
     )
 
 
+def run_status(buffer):
+    """`walbuf status --json` of ``buffer``, parsed."""
+    proc = walbuf_command("status", str(buffer), "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
 def the_run(server, buffer=None, run=None):
     """The W&B run the fake server holds: its only one; or, given a buffer, the one walbuf run ``run`` (the buffer's
     only run if None) was synced into."""

@@ -14,7 +14,6 @@ import json
 import pytest
 
 from walbuf.syncer.wandb.confirmation import Account
-from walbuf.syncer.wandb.confirmation import unconfirmed as _unconfirmed
 
 
 def _line(msg, **fields):
@@ -30,6 +29,13 @@ def _request(history_lines=None, **fields):
 
 
 SENT = _line("filestream: request sent", status="200 OK")
+
+
+def _unconfirmed(log, rows, finishing):
+    """What finish() asks of the account of an ended upload."""
+    account = Account(log)
+    account.read()
+    return account.missing(rows, finishing)
 
 
 def unconfirmed(tmp_path, lines, rows, finishing=False):

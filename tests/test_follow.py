@@ -7,7 +7,6 @@ printed, never on time.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -15,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_sql, run_sync, walbuf_command, wandb_cores
+from conftest import run_sql, run_status, run_sync, wandb_cores
 
 import walbuf
 
@@ -140,9 +139,7 @@ def history_streams(server):
 
 
 def pending(buffer):
-    proc = walbuf_command("status", str(buffer), "--json")
-    assert proc.returncode == 0, proc.stderr
-    return sum(w["pending"] for r in json.loads(proc.stdout)["runs"] for w in r["writers"])
+    return sum(w["pending"] for r in run_status(buffer)["runs"] for w in r["writers"])
 
 
 def test_a_follows_passes_send_into_one_w_and_b_run_kept_open(server, buffer):

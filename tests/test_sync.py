@@ -5,7 +5,6 @@ Every assertion about uploads is on what the fake server received.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -16,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import rows_of, run_sql, run_sync, the_run, walbuf_command
+from conftest import rows_of, run_sql, run_status, run_sync, the_run
 
 import walbuf
 from walbuf.syncer.syncer import _this_process
@@ -25,12 +24,6 @@ from walbuf.syncer.upload import READ_CHUNK
 pytestmark = [pytest.mark.backends("sqlite", "postgresql"), pytest.mark.slow]
 
 TESTS = Path(__file__).parent
-
-
-def run_status(buffer):
-    proc = walbuf_command("status", str(buffer), "--json")
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
 
 
 def pending(buffer):

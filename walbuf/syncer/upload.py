@@ -164,8 +164,7 @@ def upload(
     name = plan.report.run
     # A follow's run whose job goes on is kept open for its next pass (walbuf.syncer.kept).
     keeping = keeper if finish_code is None and mode == "online" else None
-    own_folder: Path | None = None  # the keeper's folder of the run, if the keeper is to have it
-    kept = False
+    own_folder: Path | None = None  # the run's folder under the keeper's, whenever keeping
     try:
         with budget.hard_stop():
             taken = keeping.take(name, plan.report.target.wandb_id, config_id) if keeping is not None else None
@@ -194,10 +193,9 @@ def upload(
                     # The job goes on: say so, or W&B marks the run crashed once
                     # it has heard nothing for 5 minutes (walbuf.syncer.finish).
                     wandb_run.mark_preempting()
-                if keeping is not None and wandb_run.keepable:
+                if keeping is not None and own_folder is not None and wandb_run.keepable:
                     wandb_run.settle()
-                    keeping.keep(name, wandb_run, config_id, own_folder or directory)
-                    kept = True
+                    keeping.keep(name, wandb_run, config_id, own_folder)
                 else:
                     wandb_run.finish(exit_code=finish_code)
             except BaseException:
@@ -213,8 +211,8 @@ def upload(
         _close_failed(storage, plan, replay, exc)
         raise
     finally:
-        if keeping is not None and own_folder is not None and not kept:
-            keeping.done_with(own_folder)
+        if keeping is not None and own_folder is not None:
+            keeping.done_with(own_folder)  # removed unless the run was kept
     return _confirm(storage, plan, replay, wandb_run, config_id, finish_code, mode, tuple(changes), refused_settings)
 
 

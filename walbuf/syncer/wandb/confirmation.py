@@ -95,13 +95,3 @@ class Account:
         if finishing and not any(r.get("complete") is True for r in answered):
             return "W&B was not seen to take the run's finish"
         return None
-
-
-def unconfirmed(log: Path, rows: int, finishing: bool) -> str | None:
-    """Why wandb-core's own account of an ended online upload does not show W&B taking all of it (None: it does).
-
-    See :class:`Account` for the evidence and :meth:`Account.missing` for the rule.
-    """
-    account = Account(log)
-    account.read()
-    return account.missing(rows, finishing)

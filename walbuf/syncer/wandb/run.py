@@ -356,10 +356,11 @@ class WandbRun:
                 problem, _ = upload_failure(self._run)
                 raise failure(problem or "wandb-core logged an error", "uploading")
             if self._account.started:
-                if self._account.taken() >= self._rows:
+                now_taken = self._account.taken()
+                if now_taken >= self._rows:
                     return
-                if self._account.taken() > taken:
-                    taken, waited_since = self._account.taken(), time.monotonic()
+                if now_taken > taken:
+                    taken, waited_since = now_taken, time.monotonic()
             if time.monotonic() - waited_since > SETTLE_PATIENCE:
                 missing = self._account.missing(self._rows, finishing=False)
                 raise UploadError(
