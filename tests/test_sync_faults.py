@@ -10,6 +10,7 @@ assertion about uploads is on what the fake server holds.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -438,6 +439,39 @@ def test_max_seconds_bounds_the_process_when_wandb_core_stops_answering(server, 
     assert "time bound passed before W&B confirmed the upload" in stderr and "Traceback" not in stderr
     assert elapsed < 8 + 1, elapsed
     assert process_state(core) in (None, "Z")  # killed with the sync: it sends nothing more
+    assert status(buffer)["pending"] == 10
+
+
+@pytest.mark.backends("sqlite")
+def test_a_sync_cut_off_inside_wandb_init_leaves_no_wandb_core_behind(server, buffer, tmp_path):
+    log_steps(buffer, range(10))
+    server.stall()  # W&B answers nothing: wandb.init waits
+    errors = tmp_path / "stderr"
+    start = time.monotonic()
+    with errors.open("w") as stderr:  # a file, not a pipe: a wandb-core left behind would hold a pipe open
+        syncer = subprocess.Popen(
+            [sys.executable, "-m", "walbuf", "sync", str(buffer), "--quiet", "--max-seconds", "8"],
+            stderr=stderr,
+            env={**os.environ, **server.env()},
+        )
+    while not (cores := wandb_cores(syncer.pid)):
+        assert syncer.poll() is None, errors.read_text()
+        time.sleep(0.01)  # how often to look; nothing waits on its length
+    (core,) = cores
+    # Frozen as it starts: it never answers wandb.init, and cannot notice the
+    # sync's end (wandb-core ends itself when the process that started it does).
+    os.kill(core, signal.SIGSTOP)
+    try:
+        syncer.wait(timeout=60)
+        elapsed = time.monotonic() - start
+        assert process_state(core) in (None, "Z")  # killed with the sync: it sends nothing, ever
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(core, signal.SIGKILL)
+        server.unstall()
+    assert syncer.returncode == 75, errors.read_text()
+    assert "time bound passed" in errors.read_text() and "Traceback" not in errors.read_text()
+    assert elapsed < 8 + 1, elapsed
     assert status(buffer)["pending"] == 10
 
 

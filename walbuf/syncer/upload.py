@@ -75,6 +75,8 @@ class RunSink(Protocol):
 
     Each method raises what WandbRun's raises: RowRefused for one row wandb
     refuses, UploadError, ConfigError or TargetRefusedError for the upload.
+    Opening one that fails leaves nothing open: WandbRun ends wandb's
+    service, and with it every run kept open there.
     """
 
     @property
@@ -173,18 +175,23 @@ def upload(
             else:
                 if keeping is not None:
                     own_folder = directory = keeping.new_folder()
-                wandb_run = open_run(
-                    plan.report.target,
-                    # The display name is given once, when the W&B run is made: a
-                    # later sync would undo a rename made in W&B.
-                    name if plan.new_run else None,
-                    mode,
-                    directory,
-                    # The whole config from the start: W&B keeps the latest update's.
-                    config=merged["config"],
-                    init_timeout=budget.init_timeout(),
-                    finish_state=finish_code is not None,
-                )
+                try:
+                    wandb_run = open_run(
+                        plan.report.target,
+                        # The display name is given once, when the W&B run is made: a
+                        # later sync would undo a rename made in W&B.
+                        name if plan.new_run else None,
+                        mode,
+                        directory,
+                        # The whole config from the start: W&B keeps the latest update's.
+                        config=merged["config"],
+                        init_timeout=budget.init_timeout(),
+                        finish_state=finish_code is not None,
+                    )
+                except BaseException:
+                    if keeper is not None:
+                        keeper.forget()  # a run that failed to open ended wandb's service, and every run kept in it
+                    raise
             try:
                 if on_open is not None:
                     on_open(plan.report)

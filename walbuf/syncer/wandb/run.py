@@ -106,37 +106,15 @@ class WandbRun:
         self._images_logged = False
         _import_in_background(LAUNCH_INPUTS)
         try:
-            self._run = wandb.init(
-                id=target.wandb_id,
-                project=target.project,
-                entity=target.entity,
-                name=name,
-                config=config or None,
-                dir=str(directory),
-                settings=settings,
-                reinit="create_new",
-            )
-        except wandb.errors.WandbCoreNotAvailableError as exc:
-            raise ConfigError(f"wandb cannot run its upload process: {describe(exc)}; {REINSTALL}") from exc
-        except OSError as exc:
-            if not str(exc.filename or "").endswith("wandb-core"):
-                raise
-            # wandb-core is there but cannot be executed (not executable, not a program for this machine).
-            raise ConfigError(f"wandb cannot run its upload process: {describe(exc)}; {REINSTALL}") from exc
-        except wandb.errors.AuthenticationError as exc:
-            raise ConfigError(f"W&B refused the credentials: {describe(exc)}; {LOGIN}") from exc
-        except wandb.errors.UsageError as exc:
-            if "API key" in str(exc) or "login" in str(exc):  # wandb's own words say `wandb login` already
-                raise ConfigError(f"wandb refused to start the upload: no W&B API key was found; {LOGIN}") from exc
-            raise ConfigError(f"wandb refused to start the upload: {describe(exc)}; fix the setting it names") from exc
-        except wandb.errors.Error as exc:
-            doing = f"opening W&B run {target.wandb_id!r}"
-            raise init_failure(exc, init_log(directory), doing) from exc
-        except ValueError as exc:  # wandb's settings (pydantic) refusing an environment variable
-            raise ConfigError(
-                f"wandb refused a setting: {settings_problem(exc)}; check WANDB_BASE_URL and the other WANDB_*"
-                " variables of this environment"
-            ) from exc
+            self._run = _init(target, name, directory, settings, config)
+        except BaseException:
+            # A wandb.init that failed or was cut off (the time bound, a
+            # signal) may leave wandb's service holding the run, or a
+            # wandb-core it started and never heard from, which outlives this
+            # process if it cannot notice its end (stopped, or stuck in I/O).
+            # Ended as abandon() ends them: the next upload starts afresh.
+            restart_wandb()
+            raise
         # Made once for the run (it resolves wandb's internals it relies on);
         # None with a wandb it was not checked against.
         self._handover = Batcher.of(self._run)
@@ -390,6 +368,44 @@ class WandbRun:
         if checker is not None:
             checker.join()
         restart_wandb()
+
+
+def _init(target: Target, name: str | None, directory: Path, settings: Any, config: dict[str, Any] | None) -> Any:
+    """wandb.init of the upload's run, its failures as walbuf's errors."""
+    import wandb
+
+    try:
+        return wandb.init(
+            id=target.wandb_id,
+            project=target.project,
+            entity=target.entity,
+            name=name,
+            config=config or None,
+            dir=str(directory),
+            settings=settings,
+            reinit="create_new",
+        )
+    except wandb.errors.WandbCoreNotAvailableError as exc:
+        raise ConfigError(f"wandb cannot run its upload process: {describe(exc)}; {REINSTALL}") from exc
+    except OSError as exc:
+        if not str(exc.filename or "").endswith("wandb-core"):
+            raise
+        # wandb-core is there but cannot be executed (not executable, not a program for this machine).
+        raise ConfigError(f"wandb cannot run its upload process: {describe(exc)}; {REINSTALL}") from exc
+    except wandb.errors.AuthenticationError as exc:
+        raise ConfigError(f"W&B refused the credentials: {describe(exc)}; {LOGIN}") from exc
+    except wandb.errors.UsageError as exc:
+        if "API key" in str(exc) or "login" in str(exc):  # wandb's own words say `wandb login` already
+            raise ConfigError(f"wandb refused to start the upload: no W&B API key was found; {LOGIN}") from exc
+        raise ConfigError(f"wandb refused to start the upload: {describe(exc)}; fix the setting it names") from exc
+    except wandb.errors.Error as exc:
+        doing = f"opening W&B run {target.wandb_id!r}"
+        raise init_failure(exc, init_log(directory), doing) from exc
+    except ValueError as exc:  # wandb's settings (pydantic) refusing an environment variable
+        raise ConfigError(
+            f"wandb refused a setting: {settings_problem(exc)}; check WANDB_BASE_URL and the other WANDB_*"
+            " variables of this environment"
+        ) from exc
 
 
 class RowRefused(Exception):
