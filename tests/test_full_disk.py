@@ -32,8 +32,8 @@ class SmallDisk:
         self.root = root
         self.filler = root / "filler"
 
-    def fill(self) -> None:
-        """Write to the filler until the filesystem has no room left."""
+    def fill(self, leave: int = 0) -> None:
+        """Write to the filler until the filesystem has no room left, then give back ``leave`` bytes."""
         block = b"\0" * 65536
         fd = os.open(self.filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
@@ -46,6 +46,8 @@ class SmallDisk:
         finally:
             os.close(fd)
         assert os.statvfs(self.root).f_bfree == 0
+        if leave:
+            os.truncate(self.filler, self.filler.stat().st_size - leave)
 
     def free(self) -> None:
         self.filler.unlink()
@@ -128,6 +130,20 @@ def test_a_disk_that_fills_during_an_upload_gets_it_confirmed_and_nothing_is_sen
     steps = [step for step, _ in rows_of(fake_run, "w")]
     assert steps == list(range(2 * RECORDS))  # each once
     assert fake_run.complete  # and the run finished at last
+
+
+def test_an_online_sync_needs_no_room_for_a_copy_of_the_records_it_sends(disk, server, tmp_path):
+    # wandb keeps a copy of all a run sends (its transaction log, the run's
+    # .wandb file) in the sync's working folder unless told not to: with a
+    # home quota smaller than the backlog, every sync failed at the same
+    # point. The buffer is that copy already.
+    buffer = tmp_path / "exp.db"
+    logged(buffer, 4000)
+    disk.fill(leave=256 * 1024)
+    result = run_sync(server, buffer, env={"XDG_CACHE_HOME": str(disk.root)})
+    assert result.returncode == 0, result.stderr
+    [fake_run] = server.runs.values()
+    assert [step for step, _ in rows_of(fake_run, "w")] == list(range(4000))
 
 
 def test_a_sync_that_died_during_its_upload_shows_as_died(tmp_path, server):

@@ -77,6 +77,13 @@ class WandbRun:
             x_update_finish_state=finish_state or not shared,
             x_label=f"walbuf-sync-{socket.gethostname()}-{os.getpid()}",
             console="off",
+            # No copy of what the run sends in the working folder (wandb's
+            # transaction log, the run's .wandb file): the buffer is that copy,
+            # and nothing is marked synced before W&B confirmed it. With it, a
+            # backlog larger than the room in the cache folder (a home quota)
+            # failed every sync, and wandb-core spent a quarter of its time
+            # writing it (docs/performance.md). Offline, the file is the run.
+            x_skip_transaction_log=shared,
             x_disable_stats=True,
             x_disable_machine_info=True,
             x_save_requirements=False,  # the syncer's packages, not the job's (and listing them takes 0.1-0.2 s)
@@ -213,11 +220,11 @@ class WandbRun:
 
         Under a time bound rows handed over faster than wandb-core sends them
         would wait in it for run.finish(), past the time the bound keeps for
-        that. The sender, not the handler, is what falls behind: wandb-core
-        then parks the rows on disk ("flowcontrol: backed up") and the handler
-        keeps answering at once. So each call is marked by a request the
-        sender answers in order with the rows before it (Batcher.mark), and a later call waits
-        for its answer, so Python prepares batches while wandb-core sends the
+        that. The sender, not the handler, is what falls behind (offline,
+        wandb-core parks the rows in the run's file meanwhile: "flowcontrol:
+        backed up"), so each call is marked by a request the sender answers in
+        order with the rows before it (Batcher.mark), and a later call waits
+        for its answer: Python prepares batches while wandb-core sends the
         ones before. With a wandb the batched hand-over was not checked against
         (Batcher.of), rows go one by one and nothing is waited for.
         """
