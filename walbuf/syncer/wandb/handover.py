@@ -89,8 +89,9 @@ class Batcher:
         """Send a mark the sender answers in order with the rows before it; the handle of its answer.
 
         A StopStatus request: the handler forwards it (core
-        stream/handler.go, handleRequestStopStatus), the flow control keeps
-        unsaved requests in their place (flowcontrolbuffer.go), and the
+        stream/handler.go, handleRequestStopStatus), which reaches the sender
+        in order (straight online, with no transaction log: stream.go; offline
+        the flow control keeps it in its place: flowcontrolbuffer.go), and the
         sender answers whether the file stream stopped (sender.go,
         sendRequestStopStatus). In installed(), what is kept is handed over
         first, as for any request that waits for an answer.

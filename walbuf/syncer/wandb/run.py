@@ -81,8 +81,8 @@ class WandbRun:
             # transaction log, the run's .wandb file): the buffer is that copy,
             # and nothing is marked synced before W&B confirmed it. With it, a
             # backlog larger than the room in the cache folder (a home quota)
-            # failed every sync, and wandb-core spent a quarter of its time
-            # writing it (docs/performance.md). Offline, the file is the run.
+            # failed every sync, and writing it cost a 20,000-row sync 0.3 s
+            # (docs/performance.md). Offline, the file is the run.
             x_skip_transaction_log=shared,
             x_disable_stats=True,
             x_disable_machine_info=True,
