@@ -83,7 +83,7 @@ class WandbRun:
             # backlog larger than the room in the cache folder (a home quota)
             # failed every sync, and writing it cost a 20,000-row sync 0.3 s
             # (docs/performance.md). Offline, the file is the run.
-            x_skip_transaction_log=shared,
+            x_skip_transaction_log=shared and not _offline_by_default(),
             x_disable_stats=True,
             x_disable_machine_info=True,
             x_save_requirements=False,  # the syncer's packages, not the job's (and listing them takes 0.1-0.2 s)
@@ -375,6 +375,22 @@ class WandbRun:
         if checker is not None:
             checker.join()
         restart_wandb()
+
+
+def _offline_by_default() -> bool:
+    """Whether wandb's own settings (WANDB_MODE, a settings file) make its runs offline unless told otherwise.
+
+    wandb.init merges the run's settings into those one at a time, in no
+    fixed order (wandb_init.py ``maybe_login``: ``update_from_settings``
+    over a set of names), and checks the whole after each: skipping the
+    transaction log while ``mode`` still says offline is refused
+    (``validate_skip_transaction_log``), depending on the hash seed. The run
+    is still shared (``mode`` wins); it keeps the log then. The settings read
+    are those wandb.init starts from (its process's wandb singleton).
+    """
+    from wandb.sdk import wandb_setup
+
+    return wandb_setup.singleton().settings.mode in ("offline", "dryrun")
 
 
 def _init(target: Target, name: str | None, directory: Path, settings: Any, config: dict[str, Any] | None) -> Any:
