@@ -77,13 +77,6 @@ class WandbRun:
             x_update_finish_state=finish_state or not shared,
             x_label=f"walbuf-sync-{socket.gethostname()}-{os.getpid()}",
             console="off",
-            # No copy of what the run sends in the working folder (wandb's
-            # transaction log, the run's .wandb file): the buffer is that copy,
-            # and nothing is marked synced before W&B confirmed it. With it, a
-            # backlog larger than the room in the cache folder (a home quota)
-            # failed every sync, and writing it cost a 20,000-row sync 0.3 s
-            # (docs/performance.md). Offline, the file is the run.
-            x_skip_transaction_log=shared and not _offline_by_default(),
             x_disable_stats=True,
             x_disable_machine_info=True,
             x_save_requirements=False,  # the syncer's packages, not the job's (and listing them takes 0.1-0.2 s)
@@ -377,20 +370,28 @@ class WandbRun:
         restart_wandb()
 
 
-def _offline_by_default() -> bool:
-    """Whether wandb's own settings (WANDB_MODE, a settings file) make its runs offline unless told otherwise.
+def _skips_transaction_log(settings: Any) -> bool:
+    """Whether the run goes without wandb's transaction log: a shared run, unless wandb's own settings
+    (WANDB_MODE, a settings file) make runs offline unless told otherwise.
 
-    wandb.init merges the run's settings into those one at a time, in no
-    fixed order (wandb_init.py ``maybe_login``: ``update_from_settings``
-    over a set of names), and checks the whole after each: skipping the
-    transaction log while ``mode`` still says offline is refused
-    (``validate_skip_transaction_log``), depending on the hash seed. The run
-    is still shared (``mode`` wins); it keeps the log then. The settings read
-    are those wandb.init starts from (its process's wandb singleton).
+    The log is wandb-core's copy of all a run sends, the run's .wandb file in
+    the working folder. The buffer is that copy, and nothing is marked synced
+    before W&B confirmed it; with the log, a backlog larger than the room in
+    the cache folder (a home quota) failed every sync, and writing it cost a
+    20,000-row sync 0.3 s (docs/performance.md). Offline, the file is the run.
+
+    wandb.init merges the run's settings into its environment's one at a
+    time, in an order the hash seed sets (wandb_init.py ``maybe_login``:
+    ``update_from_settings`` over a set of names), and checks the whole after
+    each: skipping the log while ``mode`` still says offline is refused
+    (``validate_skip_transaction_log``). The run is shared all the same
+    (``mode`` wins); it keeps the log then. Read here are the settings
+    wandb.init starts from, its process's wandb singleton's (loading them
+    raises what wandb.init would: a malformed WANDB_BASE_URL, say).
     """
     from wandb.sdk import wandb_setup
 
-    return wandb_setup.singleton().settings.mode in ("offline", "dryrun")
+    return settings.mode == "shared" and wandb_setup.singleton().settings.mode not in ("offline", "dryrun")
 
 
 def _init(target: Target, name: str | None, directory: Path, settings: Any, config: dict[str, Any] | None) -> Any:
@@ -398,6 +399,7 @@ def _init(target: Target, name: str | None, directory: Path, settings: Any, conf
     import wandb
 
     try:
+        settings.x_skip_transaction_log = _skips_transaction_log(settings)
         return wandb.init(
             id=target.wandb_id,
             project=target.project,
