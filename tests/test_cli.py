@@ -159,3 +159,39 @@ def test_a_buffer_url_that_holds_a_password_gets_a_warning_that_never_shows_it()
     assert proc.returncode == 69, proc.stderr  # the server is not there
     assert "the buffer's URL holds a password" in proc.stderr and "~/.pgpass" in proc.stderr
     assert "hunter2" not in proc.stderr + proc.stdout
+
+
+# A Ctrl-C or SIGTERM can arrive while SQLAlchemy closes a connection (a
+# follow closes its own between passes), which SQLAlchemy logs with a
+# traceback before raising it again. Here the connection's close() is
+# interrupted at once, in a process that ran a walbuf command first.
+INTERRUPTED_WHILE_CLOSING = """
+import sqlite3, sys
+import sqlalchemy as sa
+from walbuf.cli import main
+
+class InterruptedOnClose(sqlite3.Connection):
+    def close(self):
+        super().close()
+        raise KeyboardInterrupt
+
+try:
+    main(["status", sys.argv[1]])
+except SystemExit:
+    pass
+engine = sa.create_engine("sqlite://", creator=lambda: sqlite3.connect(":memory:", factory=InterruptedOnClose))
+engine.connect().close()
+try:
+    engine.dispose()
+except KeyboardInterrupt:
+    print("interrupted")
+"""
+
+
+def test_an_interruption_while_sqlalchemy_closes_a_connection_shows_no_traceback(buffer):
+    walbuf.Writer(buffer, writer="w", run="exp").close()
+    proc = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_WHILE_CLOSING, str(buffer)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.stdout.splitlines()[-1] == "interrupted"
+    assert proc.stderr == ""

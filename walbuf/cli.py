@@ -73,6 +73,32 @@ def _on_sigterm(signum: int, frame: object) -> None:
     raise _Terminated("SIGTERM")
 
 
+class _SQLAlchemyLines(logging.Handler):
+    """SQLAlchemy's warnings and errors on stderr, a line each, as walbuf's; an interruption not at all.
+
+    SQLAlchemy logs an exception it meets while closing a connection, with
+    its traceback, then raises it again unless it is an Exception
+    (sqlalchemy/pool/base.py, ``_close_connection``): a Ctrl-C or SIGTERM
+    arriving just then is told by walbuf's own line (_errors), not by a
+    traceback before it. With no handler, Python's last resort printed it.
+    """
+
+    def emit(self, record: logging.LogRecord) -> None:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, KeyboardInterrupt):
+            return
+        text = record.getMessage() if exc is None else f"{record.getMessage()}: {type(exc).__name__}: {exc}"
+        click.echo(f"walbuf: {record.name}: {text}", err=True)
+
+
+def _stop_cleanly_on_signals() -> None:
+    """SIGTERM stops the command as Ctrl-C does (_Terminated), each told once, in one line."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    sqlalchemy_log = logging.getLogger("sqlalchemy")
+    if not any(isinstance(handler, _SQLAlchemyLines) for handler in sqlalchemy_log.handlers):
+        sqlalchemy_log.addHandler(_SQLAlchemyLines())
+
+
 def _one_line(exc: WalbufError) -> str:
     """An error's message on one line: what it quotes (a server's answer, say) may span several."""
     return re.sub(r"\s*\n\s*", " ", str(exc).strip())
@@ -101,7 +127,7 @@ def _errors() -> Iterator[None]:
 @click.version_option(__version__, prog_name="walbuf")
 def main() -> None:
     """walbuf: a local write-ahead-log buffer for experiment metrics, synced to W&B."""
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    _stop_cleanly_on_signals()
 
 
 def _json_line(record: Record) -> str:
@@ -558,7 +584,7 @@ def cron(**options: Any) -> None:
     its exit code, so that cron mails it. Install it with walbuf and give
     cron its full path: it needs nothing on cron's PATH.
     """
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    _stop_cleanly_on_signals()
     if options["max_seconds"] is None:
         options["max_seconds"] = CRON_MAX_SECONDS
     buffer = _shown(options["buffer"])
