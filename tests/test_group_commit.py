@@ -1,0 +1,256 @@
+"""Group commit of a SQLite buffer: whoever has the turn commits the records others wait with, each exactly once.
+
+What a writer process that died leaves in the group file (walbuf.store.group_commit) is planted here as it
+would leave it, the test standing in for the writer still waiting on its record (it holds that slot's lock);
+then a real Writer takes the turn.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import selectors
+import signal
+import sqlite3
+import struct
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import walbuf
+from walbuf.store import group_commit as gc
+
+SLOT = 5  # the planted slot: Writers claim the lowest free ones
+
+
+def group_file(buffer: Path) -> Path:
+    return buffer.with_name(buffer.name + ".locks") / gc.NAME
+
+
+def lock_byte(fd: int, byte: int, kind: int = fcntl.F_WRLCK) -> None:
+    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", kind, os.SEEK_SET, byte, 1, 0))
+
+
+def take_turn(buffer: Path) -> int:
+    """Hold the buffer's turn, as a writer whose transaction takes long holds it; the descriptor it is held by."""
+    fd = os.open(group_file(buffer), os.O_RDWR)
+    lock_byte(fd, 0)
+    os.pwrite(fd, b"\1", gc.HELD)
+    return fd
+
+
+def give_turn(fd: int) -> None:
+    os.pwrite(fd, b"\0", gc.HELD)
+    lock_byte(fd, 0, fcntl.F_UNLCK)
+
+
+def new_buffer(tmp_path: Path) -> Path:
+    """A buffer with its group file, and a record of writer "dead" at step 0."""
+    buffer = tmp_path / "b.db"
+    with walbuf.Writer(buffer, writer="dead", run="r") as w:
+        w.log({"x": 0})
+    assert group_file(buffer).stat().st_size == gc.SIZE
+    return buffer
+
+
+def records_of(buffer: Path, writer: str) -> list[tuple[int, dict]]:
+    return [(r.step, r.metrics) for r in walbuf.read(buffer) if r.writer == writer]
+
+
+def stored_row(buffer: Path, writer: str) -> tuple[int, tuple]:
+    """The id and (writer_id, step, time, metrics) of ``writer``'s last record, as SQLite holds it."""
+    with sqlite3.connect(buffer) as conn:
+        return conn.execute(
+            "SELECT records.id, writer_id, step, time, metrics FROM records JOIN writers ON writers.id = writer_id"
+            " WHERE writers.name = ? ORDER BY records.id DESC LIMIT 1",
+            (writer,),
+        ).fetchone()
+
+
+class Slot:
+    """A slot of the group file, held by this test as by a writer waiting on its record."""
+
+    def __init__(self, buffer: Path, index: int, *, hold: bool) -> None:
+        self.fd = os.open(group_file(buffer), os.O_RDWR)
+        self.index = index
+        if hold:
+            lock_byte(self.fd, gc.STATES + index)
+
+    def plant(self, state: int, row: tuple, record_id: int) -> None:
+        text = row[3].encode()
+        start = gc.SLOT_BYTES * (self.index + 1)
+        os.pwrite(self.fd, gc.RECORD.pack(len(text), zlib.crc32(text), *row[:3], record_id) + text, start)
+        os.pwrite(self.fd, bytes([state]), gc.STATES + self.index)
+
+    def state(self) -> int:
+        return os.pread(self.fd, 1, gc.STATES + self.index)[0]
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def log_once(buffer: Path) -> None:
+    with walbuf.Writer(buffer, writer="next", run="r") as w:
+        w.log({"y": 1})
+
+
+def test_a_record_a_holder_committed_before_it_died_is_not_committed_again(tmp_path):
+    buffer = new_buffer(tmp_path)
+    record_id, *row = stored_row(buffer, "dead")  # the dead holder's transaction committed it
+    slot = Slot(buffer, SLOT, hold=True)
+    slot.plant(gc.TAKEN, tuple(row), record_id)
+    log_once(buffer)
+    assert slot.state() == gc.DONE  # what its waiting writer learns: committed
+    assert records_of(buffer, "dead") == [(0, {"x": 0})]
+    slot.close()
+
+
+def test_a_record_a_holder_took_but_did_not_commit_before_it_died_is_committed_once(tmp_path):
+    buffer = new_buffer(tmp_path)
+    record_id, writer_id, _, _, _ = stored_row(buffer, "dead")
+    slot = Slot(buffer, SLOT, hold=True)
+    # Its transaction would have given the record the next id: it holds nothing.
+    slot.plant(gc.TAKEN, (writer_id, 1, time.time(), json.dumps({"x": 1})), record_id + 1)
+    log_once(buffer)
+    assert slot.state() == gc.DONE
+    assert records_of(buffer, "dead") == [(0, {"x": 0}), (1, {"x": 1})]
+    slot.close()
+
+
+def test_the_record_of_a_writer_that_died_waiting_for_the_turn_is_never_committed(tmp_path):
+    buffer = new_buffer(tmp_path)
+    _, writer_id, _, _, _ = stored_row(buffer, "dead")
+    slot = Slot(buffer, SLOT, hold=False)  # no one holds the slot: its writer died
+    slot.plant(gc.WAITING, (writer_id, 1, time.time(), json.dumps({"x": 1})), 0)
+    log_once(buffer)
+    # Its log() never returned, and the next process to open its writer id
+    # would go on from step 0: a late commit would put two records at step 1.
+    assert records_of(buffer, "dead") == [(0, {"x": 0})]
+    assert records_of(buffer, "next") == [(0, {"y": 1})]
+    slot.close()
+
+
+INTERRUPTED_WRITER = """
+import sys, walbuf
+w = walbuf.Writer(sys.argv[1], writer="cut", run="r")
+print("open", flush=True)
+sys.stdin.readline()
+try:
+    w.log({"first": 1})
+    print("logged", flush=True)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+sys.stdin.readline()  # still open, while another writer commits
+print("step", w.log({"second": 2}), flush=True)
+w.close()
+"""
+
+
+def has_line(proc: subprocess.Popen) -> bool:
+    """Whether ``proc`` printed something not read yet."""
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        return bool(selector.select(0))
+
+
+def line_of(proc: subprocess.Popen, within: float = 60) -> str:
+    """The next line ``proc`` prints; fails (rather than hang) if none comes ``within`` seconds."""
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        assert selector.select(within), f"no line from the writer in {within}s"
+    return proc.stdout.readline()
+
+
+def test_a_log_interrupted_while_it_waits_for_the_turn_writes_nothing_and_the_writer_goes_on(tmp_path):
+    buffer = new_buffer(tmp_path)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", INTERRUPTED_WRITER, str(buffer)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    turn = -1
+    try:
+        assert line_of(writer) == "open\n"
+        turn = take_turn(buffer)
+        writer.stdin.write("\n")
+        writer.stdin.flush()
+        waiting = Slot(buffer, 0, hold=False)  # the writer's: the lowest free slot
+        while waiting.state() != gc.WAITING:
+            assert writer.poll() is None, "the writer ended before it waited for the turn"
+            assert not has_line(writer), "the writer logged without the turn"
+            os.sched_yield()
+        writer.send_signal(signal.SIGINT)
+        give_turn(turn)
+        assert line_of(writer) == "interrupted\n"
+        waiting.close()
+        log_once(buffer)  # takes the turn: the interrupted record must not go in with its commit
+        writer.stdin.write("\n")
+        writer.stdin.flush()
+        assert line_of(writer) == "step 0\n"
+        assert writer.wait(timeout=60) == 0
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+        writer.communicate()
+        if turn >= 0:
+            os.close(turn)
+    assert records_of(buffer, "cut") == [(0, {"second": 2})]
+
+
+def test_a_forked_child_keeps_no_descriptor_of_the_group_file(tmp_path):
+    buffer = new_buffer(tmp_path)
+    with walbuf.Writer(buffer, writer="parent", run="r") as w:
+        w.log({"a": 1})
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: which of its descriptors are the group file's
+            try:
+                fds = os.listdir("/proc/self/fd")
+                held = [fd for fd in fds if os.path.realpath(f"/proc/self/fd/{fd}") == str(group_file(buffer))]
+                os.write(write, json.dumps(held).encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as answer:
+            held = json.loads(answer.read())
+        os.waitpid(pid, 0)
+        w.log({"a": 2})
+    # Kept, a child's copy would keep the parent's locks (its slot, the turn
+    # if the fork came while it was held) after the parent died.
+    assert held == []
+    assert [m for _, m in records_of(buffer, "parent")] == [{"a": 1}, {"a": 2}]
+
+
+def test_a_group_file_of_another_layout_size_is_left_alone_and_writers_commit_their_own(tmp_path):
+    buffer = tmp_path / "b.db"
+    with walbuf.Writer(buffer, writer="w", run="r") as w:
+        w.log({"a": 1})
+    group_file(buffer).unlink()
+    group_file(buffer).write_bytes(b"\0" * 100)
+    group_file(buffer).chmod(0o600)
+    with walbuf.Writer(buffer, writer="w", run="r") as w:
+        w.log({"a": 2})
+    assert group_file(buffer).read_bytes() == b"\0" * 100
+    assert [m for _, m in records_of(buffer, "w")] == [{"a": 1}, {"a": 2}]
+
+
+FSYNC_WRITER = """
+import sys, walbuf
+with walbuf.Writer(sys.argv[1], writer="careful", run="r", durability="fsync") as w:
+    w.log({"a": 1})
+"""
+
+
+def test_a_writer_that_fsyncs_each_record_commits_its_own(tmp_path):
+    buffer = new_buffer(tmp_path)
+    turn = take_turn(buffer)  # held: a writer of the group would wait for it
+    try:
+        # Another's commit would not fsync its record: it must not wait for one.
+        subprocess.run([sys.executable, "-c", FSYNC_WRITER, str(buffer)], check=True, timeout=60)
+    finally:
+        os.close(turn)
+    assert records_of(buffer, "careful") == [(0, {"a": 1})]

@@ -1,0 +1,401 @@
+"""Group commit: the writer processes of one SQLite buffer take turns, and whoever has the turn commits every
+record waiting, its own and the others', in one transaction.
+
+Why: with more writer processes than cores, SQLite's own wait for its write
+lock (sleeps of 1, 2, 5, 10 ... ms between attempts) lets a writer that
+runs take the lock again and again while one that sleeps waits on: one
+log() in a thousand waited twice as long as the scheduler alone makes a
+call wait. Here a waiting writer's record goes in with the next commit,
+whoever makes it, and a waiter gives its CPU to the others (figures in
+docs/performance.md).
+
+Everything is in one file, ``group-commit-1`` in the buffer's owner-only
+locks folder (its name carries the layout's version: a walbuf with another
+layout uses another file, and its writers wait for these in SQLite only).
+Every writer process maps it shared:
+
+- byte 0: the turn, an open-file-description lock (OFD: it is the
+  descriptor's, so two writers of one process exclude each other, and the
+  kernel drops it when its holder dies); byte HELD says it is taken, so
+  that waiters need not ask the kernel;
+- bytes STATES..STATES+SLOTS: each slot's state; a writer holds an OFD lock
+  on its slot's byte for as long as it is open (writers beyond SLOTS
+  commit their own records, as do records too big for a slot);
+- from SLOT_BYTES on, slot i at SLOT_BYTES * (i + 1): the record its writer
+  logs (length, crc32, writer, step, time, then the record's id once a
+  transaction inserted it, then the metrics' text).
+
+A slot's state moves FREE/DONE -> WAITING only by its writer, after it
+wrote the record; on from WAITING only under the turn: to TAKEN by the
+turn's holder, whose transaction inserts it, then to DONE once that
+committed. When the transaction fails, its records wait again, and each
+writer takes the turn itself and learns its own error; except that where
+the holder waited out the busy timeout for SQLite's write lock, the
+records that waited before it began are marked BUSY, and their writers
+raise BufferBusyError at once rather than each wait as long again (a
+log() waits at most about twice the busy timeout). A holder that dies
+leaves TAKEN slots, and the next holder asks the database: a TAKEN record
+whose id holds exactly it was committed. So each record is committed
+once, and a log() returns only after its record was.
+
+A record whose writer died waiting (no one holds its slot) is never
+committed: its log() did not return, and another process may open its
+writer id again and go on from its last step. The holder looks inside its
+transaction, so a writer that dies after the look had its record
+committed before that reopening's write transaction could begin. A
+writer's own error (an interruption, say) withdraws its record in the
+same way, under the turn.
+
+The file is made whole (every byte written) before any writer maps it: a
+mapped page needs no room on the disk later, so a full disk never kills a
+writer (a shared map of a hole would, with SIGBUS). Where the file cannot
+be made or is not whole, writers commit their own records, as before.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import mmap
+import os
+import sqlite3
+import struct
+import sys
+import time
+import weakref
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+from ..errors import StorageError
+from .trust import Owner
+
+NAME = "group-commit-1"
+SLOTS = 64
+SLOT_BYTES = 4096
+HELD = 1  # byte: 1 while a writer has the turn
+STATES = 64  # SLOTS bytes: each slot's state
+SIZE = SLOT_BYTES * (SLOTS + 1)
+FREE, WAITING, TAKEN, DONE, BUSY = 0, 1, 2, 3, 4
+RECORD = struct.Struct("<IIqqdq")  # a slot's header: length, crc32, writer, step, time, id
+_ID = struct.Struct("<q")
+_ID_AT = RECORD.size - _ID.size
+ROOM = SLOT_BYTES - RECORD.size  # bytes of metrics text a slot holds
+# How long a waiter yields the CPU between looks before it sleeps in the
+# kernel's wait for the turn instead: past what a commit takes, short of
+# what a stuck holder (a sync's long transaction ahead of it) would burn.
+SPIN_SECONDS = 0.05
+
+_INSERT = "INSERT INTO records (writer_id, step, time, metrics) VALUES (?, ?, ?, ?)"
+_COMMITTED = "SELECT writer_id, step, time, metrics FROM records WHERE id = ?"
+Row = tuple[int, int, float, str]
+
+
+def _all(states: bytes, state: int) -> list[int]:
+    """The slots in ``state``."""
+    found, slot = [], states.find(state)
+    while slot >= 0:
+        found.append(slot)
+        slot = states.find(state, slot + 1)
+    return found
+
+
+def _busy(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is SQLite's "the write lock stayed taken past the busy timeout"."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return (
+        isinstance(exc, sqlite3.Error)
+        and code is not None
+        and code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    )
+
+
+def _lock(fd: int, kind: int, byte: int, wait: bool) -> bool:
+    """An OFD lock (F_WRLCK) or unlock (F_UNLCK) of one byte; False if another holds it and ``wait`` is not set."""
+    request = struct.pack("hhqqi4x", kind, os.SEEK_SET, byte, 1, 0)
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK, request)
+    except OSError as exc:
+        if exc.errno in (errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    return True
+
+
+class GroupCommit:
+    """A writer's slot in the group commit of one SQLite buffer; see the module docstring.
+
+    ``commit(row)`` returns once the row is committed, by this writer or
+    another; on error (the transaction failed, an interruption) it raises,
+    and the row is not written unless the error came after its commit.
+    """
+
+    def __init__(self, path: Path, fd: int, view: mmap.mmap, cursor: sqlite3.Cursor) -> None:
+        self._path = path
+        self._fd = fd
+        self._view = view
+        self._cursor = cursor
+        self._slot = -1
+        self._state = -1
+
+    @classmethod
+    def join(cls, path: Path, owner: Owner, cursor: sqlite3.Cursor) -> GroupCommit | None:
+        """This writer's slot in the group file ``path`` (made if missing); None where there is none to have.
+
+        None: no OFD locks here (not Linux), no room to make the file, a
+        file another process is still making, or every slot taken. Raises
+        UntrustedPathError for a link or another account's file there, and
+        sqlite3.Error where a record a writer that died left needs the
+        database's word and cannot have it.
+        """
+        if not hasattr(fcntl, "F_OFD_SETLK"):
+            return None
+        try:
+            fd = _open_whole(path, owner)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                return None
+            raise
+        if fd is None:
+            return None
+        try:
+            view = mmap.mmap(fd, SIZE)
+        except BaseException:
+            os.close(fd)
+            raise
+        group = cls(path, fd, view, cursor)
+        try:
+            group._with_turn(group._claim)
+        except BaseException:
+            group.leave()
+            raise
+        if group._slot < 0:
+            group.leave()
+            return None
+        _joined.add(group)
+        return group
+
+    def _claim(self) -> None:
+        """With the turn (so no holder looks at the slots meanwhile): the first slot no writer holds, emptied."""
+        for slot in range(SLOTS):
+            if _lock(self._fd, fcntl.F_WRLCK, STATES + slot, wait=False):
+                self._slot, self._state = slot, STATES + slot
+                # What a writer that died left here: its log() never returned.
+                self._withdraw()
+                return
+
+    def commit(self, row: Row, metrics: bytes) -> None:
+        """Commit ``row`` (``metrics``: its text, encoded, at most ROOM bytes) with the group's next transaction."""
+        if self._fd < 0:
+            raise RuntimeError(f"{self._path}: this group commit slot was left (or inherited by a forked process)")
+        view, state = self._view, self._state
+        if view[state] not in (FREE, DONE):
+            self._with_turn(self._withdraw)  # left by a wait cut off
+        if view[HELD] == 0:
+            if WAITING not in view[STATES : STATES + SLOTS]:
+                # No one commits or waits: this record alone, as without a
+                # group. HELD marks the turn taken without the kernel's lock
+                # (two syscalls, a third of an uncontended log()): one that
+                # comes meanwhile waits in a slot; two that race here both go
+                # to SQLite, which has them wait for each other.
+                view[HELD] = 1
+                try:
+                    self._cursor.execute(_INSERT, row)
+                finally:
+                    view[HELD] = 0
+                return
+            if _lock(self._fd, fcntl.F_WRLCK, 0, wait=False):
+                self._holding(lambda: self._commit_all(row))
+                return
+        start = SLOT_BYTES * (self._slot + 1)
+        writer, step, now, _ = row
+        RECORD.pack_into(view, start, len(metrics), zlib.crc32(metrics), writer, step, now, 0)
+        view[start + RECORD.size : start + RECORD.size + len(metrics)] = metrics
+        view[state] = WAITING  # last: the record is whole before anyone takes it
+        try:
+            self._wait()
+        except BaseException:
+            # An error (an interruption, say) reaches the caller: its record
+            # must not be committed after that, if it is not yet.
+            if view[state] != DONE:
+                self._with_turn(self._withdraw)
+            raise
+
+    def _wait(self) -> None:
+        """Until this writer's record is DONE: yield the CPU to whoever has the turn, or take it when it is free."""
+        view, state = self._view, self._state
+        deadline = None
+        while view[state] != DONE:
+            if view[state] == BUSY:
+                # A holder's transaction waited the busy timeout for the write
+                # lock, after this record was waiting: it would wait as long.
+                busy = sqlite3.OperationalError("database is locked (the group's commit waited for it)")
+                busy.sqlite_errorcode = sqlite3.SQLITE_BUSY
+                raise busy
+            if view[HELD] == 0 and _lock(self._fd, fcntl.F_WRLCK, 0, wait=False):
+                self._holding(lambda: self._commit_all(None))
+            elif deadline is None or time.monotonic() < deadline:
+                deadline = deadline or time.monotonic() + SPIN_SECONDS
+                os.sched_yield()
+                continue
+            else:  # the holder takes long (its transaction waits for a sync's, say): sleep till it is done
+                self._with_turn(lambda: self._commit_all(None))
+            if view[state] == WAITING:  # after its own turn: it did not read back whole
+                raise StorageError(
+                    f"{self._path}: the record this writer put in its slot {self._slot} changed under it"
+                    " (another process wrote the file); it was not written: log it again"
+                )
+
+    def _with_turn(self, work: Callable[[], None]) -> None:
+        _lock(self._fd, fcntl.F_WRLCK, 0, wait=True)
+        self._holding(work)
+
+    def _holding(self, work: Callable[[], None]) -> None:
+        self._view[HELD] = 1
+        try:
+            work()
+        finally:
+            self._view[HELD] = 0
+            _lock(self._fd, fcntl.F_UNLCK, 0, wait=False)
+
+    def _commit_all(self, own: Row | None) -> None:
+        """With the turn: commit every record waiting, and ``own`` (this writer's, not in its slot), in one
+        transaction."""
+        view, cursor = self._view, self._cursor
+        if own is None and view[self._state] != WAITING:
+            return  # committed already, or failed: nothing for this writer to wait for
+        states = view[STATES : STATES + SLOTS]
+        if own is not None and WAITING not in states and TAKEN not in states:
+            cursor.execute(_INSERT, own)  # no one else waits: as without a group
+            return
+        before = _all(states, WAITING)
+        taken: list[int] = []
+        try:
+            cursor.execute("BEGIN IMMEDIATE")
+            # In the transaction: a writer that dies after this look has its
+            # record committed before any other process can open its writer
+            # id again (that needs a write transaction), never after.
+            self._settle_taken()
+            rows = []
+            for slot in _all(view[STATES : STATES + SLOTS], WAITING):
+                row = self._read(slot)
+                if slot != self._slot and not self._held(slot):
+                    view[STATES + slot] = FREE  # its writer died: its log() never returned
+                elif row is not None:  # else not whole yet: its writer commits it itself
+                    taken.append(slot)
+                    rows.append(row)
+            if own is not None:
+                rows.append(own)
+            if rows:
+                # With no AUTOINCREMENT, SQLite gives a row the largest id + 1:
+                # the ids this transaction's rows get, noted in their slots for
+                # a next holder that finds them TAKEN after this one died.
+                first = (cursor.execute("SELECT max(id) FROM records").fetchone()[0] or 0) + 1
+                for offset, slot in enumerate(taken):
+                    _ID.pack_into(view, SLOT_BYTES * (slot + 1) + _ID_AT, first + offset)
+                    view[STATES + slot] = TAKEN
+                cursor.executemany(_INSERT, rows)
+            cursor.execute("COMMIT")
+        except BaseException:
+            # Committed or not, the database says (an interruption may land
+            # after COMMIT returned): never guess, which could commit twice.
+            if cursor.connection.in_transaction:
+                cursor.execute("ROLLBACK")
+            self._settle_taken()
+            if _busy(sys.exc_info()[1]):
+                # Whoever waited before this transaction waited as long as it
+                # did: each learns so now, rather than each wait in turn.
+                for slot in before:
+                    if slot != self._slot and view[STATES + slot] == WAITING:
+                        view[STATES + slot] = BUSY
+            raise
+        for slot in taken:
+            view[STATES + slot] = DONE
+
+    def _withdraw(self) -> None:
+        """With the turn: this writer's record, if not committed yet, never will be."""
+        self._settle_taken()
+        if self._view[self._state] in (WAITING, BUSY):
+            self._view[self._state] = FREE
+
+    def _settle_taken(self) -> None:
+        """With the turn: records a holder left TAKEN (it died, or its transaction failed) are DONE if they were
+        committed, else WAITING again."""
+        view = self._view
+        for slot in _all(view[STATES : STATES + SLOTS], TAKEN):
+            row = self._read(slot)
+            record_id = _ID.unpack_from(view, SLOT_BYTES * (slot + 1) + _ID_AT)[0]
+            found = self._cursor.execute(_COMMITTED, (record_id,)).fetchone() if record_id else None
+            view[STATES + slot] = DONE if row is not None and found == row else WAITING
+
+    def _held(self, slot: int) -> bool:
+        """Whether a writer holds ``slot`` (its lock's holder is alive)."""
+        request = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, STATES + slot, 1, 0)
+        answer = fcntl.fcntl(self._fd, fcntl.F_OFD_GETLK, request)
+        kind: int = struct.unpack("hhqqi4x", answer)[0]
+        return kind != fcntl.F_UNLCK
+
+    def _read(self, slot: int) -> Row | None:
+        """The record in ``slot``; None if it does not read whole (its crc32 does not match)."""
+        start = SLOT_BYTES * (slot + 1)
+        length, crc, writer, step, now, _ = RECORD.unpack_from(self._view, start)
+        if length > ROOM:
+            return None
+        text = self._view[start + RECORD.size : start + RECORD.size + length]
+        if zlib.crc32(text) != crc:
+            return None
+        try:
+            return writer, step, now, text.decode()
+        except UnicodeDecodeError:
+            return None
+
+    def leave(self) -> None:
+        """Give the slot up (closing the descriptor drops its locks)."""
+        _joined.discard(self)
+        if self._fd >= 0:
+            self._view.close()
+            os.close(self._fd)
+            self._fd = -1
+
+    def _forget(self) -> None:
+        # In a forked child: its copy of the descriptor shares the parent's
+        # open file description, and so its locks. Closed here, the parent
+        # keeps them; kept, they would outlive a parent that dies (the turn
+        # taken for good, if the fork came while it was held). The map holds
+        # a descriptor of its own (mmap dups it).
+        if self._fd >= 0:
+            self._view.close()
+            os.close(self._fd)
+            self._fd = -1
+
+
+_joined: weakref.WeakSet[GroupCommit] = weakref.WeakSet()
+
+
+def _forget_in_child() -> None:
+    for group in list(_joined):
+        group._forget()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def _open_whole(path: Path, owner: Owner) -> int | None:
+    """A read-write descriptor of the group file, made whole if missing; None while another process makes it."""
+    try:
+        fd = owner.open(path, os.O_RDWR | os.O_EXCL, create=True, private=True)
+    except FileExistsError:
+        fd = owner.open(path, os.O_RDWR)
+        if os.fstat(fd).st_size != SIZE:
+            os.close(fd)
+            return None
+        return fd
+    try:
+        written = os.pwrite(fd, bytes(SIZE), 0)
+        if written != SIZE:
+            raise OSError(errno.ENOSPC, "short write", str(path))
+    except BaseException:
+        os.close(fd)
+        os.unlink(path)
+        raise
+    return fd
