@@ -46,6 +46,12 @@ committed before that reopening's write transaction could begin. A
 writer's own error (an interruption, say) withdraws its record in the
 same way, under the turn.
 
+A writer that stops while it has the turn (SIGSTOP, a debugger) holds the
+others up until it goes on, as it would holding SQLite's write lock,
+except that they wait without the busy timeout's bound: the turn is a
+kernel lock, and a wait for it bounded by a clock would leave a record
+behind that a later holder could commit after its log() raised.
+
 The file is made whole (every byte written) before any writer maps it: a
 mapped page needs no room on the disk later, so a full disk never kills a
 writer (a shared map of a hole would, with SIGBUS). Where the file cannot

@@ -523,7 +523,14 @@ class _SQLiteAppender:
         assert isinstance(driver, sqlite3.Connection)
         self._cursor = driver.cursor()
         self._sql = f"INSERT INTO records {INSERT_COLUMNS} VALUES (?, ?, ?, ?)"
-        self._group = backend.group_commit(self._cursor)
+        try:
+            self._group = backend.group_commit(self._cursor)
+        except BaseException as exc:
+            self._cursor.close()
+            self._proxy.close()
+            if isinstance(exc, sqlite3.Error):
+                raise backend.error(exc) from exc
+            raise
 
     def append(self, params: tuple[int, int, float, str]) -> None:
         try:
@@ -535,8 +542,10 @@ class _SQLiteAppender:
             self._cursor.execute(self._sql, params)
         except sqlite3.Error as exc:
             raise self._backend.error(exc) from exc
-        except OSError as exc:  # of the group's locks
-            raise StorageError(f"{self._backend.locks / group_commit.NAME}: {exc.strerror}") from exc
+        except OSError as exc:  # of the lock the writers take turns by: not seen
+            raise StorageError(
+                f"{self._backend.locks / group_commit.NAME}: {exc.strerror}, while the record waited for its commit"
+            ) from exc
 
     def flush(self, writer_pk: int) -> None:
         # In the default durability SQLite defers the fsync of its WAL to
