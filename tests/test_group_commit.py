@@ -20,6 +20,8 @@ import time
 import zlib
 from pathlib import Path
 
+import pytest
+
 import walbuf
 from walbuf.store import group_commit as gc
 
@@ -254,3 +256,89 @@ def test_a_writer_that_fsyncs_each_record_commits_its_own(tmp_path):
     finally:
         os.close(turn)
     assert records_of(buffer, "careful") == [(0, {"a": 1})]
+
+
+LOCKED_OUT_WRITER = """
+import sys, walbuf
+w = walbuf.Writer(sys.argv[1], writer="late", run="r")
+w.log({"a": 1})  # its keys' claim: a write transaction of its own
+print("open", flush=True)
+sys.stdin.readline()
+print("step", w.log({"a": 2}), flush=True)
+w.close()
+"""
+
+
+def test_a_writer_that_finds_sqlites_write_lock_taken_waits_in_its_slot_not_in_sqlites_sleeps(tmp_path):
+    buffer = new_buffer(tmp_path)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", LOCKED_OUT_WRITER, str(buffer)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    other = sqlite3.connect(buffer, isolation_level=None)  # a sync's transaction, say
+    try:
+        assert line_of(writer) == "open\n"
+        other.execute("BEGIN IMMEDIATE")
+        writer.stdin.write("\n")
+        writer.stdin.flush()
+        # No one commits or waits in the group: the writer tries alone, and
+        # finding the lock taken, its record waits in its slot, where the
+        # next to find the lock free commits it (without the group's wait,
+        # it would sleep in SQLite's, and others coming would wait behind it).
+        slot = Slot(buffer, 0, hold=False)  # the writer's: the lowest free slot
+        while slot.state() != gc.WAITING:
+            assert writer.poll() is None, "the writer ended before its record waited in its slot"
+            assert not has_line(writer), "the writer logged while another held the write lock"
+            os.sched_yield()
+        slot.close()
+        other.execute("COMMIT")
+        assert line_of(writer) == "step 1\n"
+        assert writer.wait(timeout=60) == 0
+    finally:
+        other.close()
+        if writer.poll() is None:
+            writer.kill()
+        writer.communicate()
+    assert records_of(buffer, "late") == [(0, {"a": 1}), (1, {"a": 2})]
+
+
+BUSY_WRITER = """
+import sys, walbuf
+with walbuf.Writer(sys.argv[1], writer=sys.argv[2], run="r") as w:
+    for i in range(int(sys.argv[3])):
+        w.log({"i": i, "text": "x" * 200})
+    print("logged", flush=True)
+    sys.stdin.readline()  # open, till the WAL was looked at: the last to close checkpoints it and removes it
+"""
+
+
+@pytest.mark.parametrize("writers", [1, 4])
+def test_the_writers_commits_keep_the_wal_within_its_checkpoint_limit(tmp_path, writers):
+    from walbuf.store.sqlite import PAGE_SIZE, WAL_AUTOCHECKPOINT
+
+    buffer = new_buffer(tmp_path)
+    frame = PAGE_SIZE + 24  # a WAL frame: its header and a page
+    # Three times the limit's pages in all: without checkpoints the WAL would hold them.
+    per_writer = 3 * WAL_AUTOCHECKPOINT // writers
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", BUSY_WRITER, str(buffer), f"w{i}", str(per_writer)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(writers)
+    ]
+    try:
+        assert [line_of(p, within=600) for p in procs] == ["logged\n"] * writers
+        # A checkpoint by hand is passive: it ends with the WAL whole when no
+        # reader holds on to it, and the next commit starts the WAL over.
+        wal = os.stat(f"{buffer}-wal").st_size
+    finally:
+        for p in procs:
+            p.communicate("\n", timeout=60)
+    assert [p.returncode for p in procs] == [0] * writers
+    assert wal <= 2 * WAL_AUTOCHECKPOINT * frame
+    assert sum(1 for r in walbuf.read(buffer) if r.writer.startswith("w")) == writers * per_writer

@@ -18,6 +18,9 @@ Every writer process maps it shared:
   descriptor's, so two writers of one process exclude each other, and the
   kernel drops it when its holder dies); byte HELD says it is taken, so
   that waiters need not ask the kernel;
+- bytes WRITTEN..WRITTEN+8: about how many pages the WAL holds, in
+  1/1024ths of a page: SQLite's count at the last checkpoint, and an
+  estimate of what the commits after it added (see checkpoints below);
 - bytes STATES..STATES+SLOTS: each slot's state; a writer holds an OFD lock
   on its slot's byte for as long as it is open (writers beyond SLOTS
   commit their own records, as do records too big for a slot);
@@ -52,6 +55,18 @@ except that they wait without the busy timeout's bound: the turn is a
 kernel lock, and a wait for it bounded by a clock would leave a record
 behind that a later holder could commit after its log() raised.
 
+Neither a commit nor its checkpoint makes the others wait in SQLite's
+sleeps. A writer that finds no one committing or waiting inserts its
+record at once, without SQLite's busy wait: if another connection has
+the write lock (a racing writer, a sync), the record waits in its slot
+instead. Checkpoints: SQLite checkpoints the WAL inside the COMMIT that
+takes it past its limit, and a turn's holder would make every waiter wait
+for that. So the writers' connections checkpoint only by hand: each
+commit adds its estimate of the pages it wrote to WRITTEN, and the writer
+that finds it past the connection's limit once its log() committed and
+the turn is given up runs a passive checkpoint (which takes no lock a
+writer waits for) and puts SQLite's count of the WAL's pages in WRITTEN.
+
 The file is made whole (every byte written) before any writer maps it: a
 mapped page needs no room on the disk later, so a full disk never kills a
 writer (a shared map of a hole would, with SIGBUS). Where the file cannot
@@ -80,11 +95,15 @@ NAME = "group-commit-1"
 SLOTS = 64
 SLOT_BYTES = 4096
 HELD = 1  # byte: 1 while a writer has the turn
+WRITTEN = 8  # 8 bytes: the WAL's pages, about, in UNITs
+UNIT = 1024  # WRITTEN's unit: a 1/1024th of a page
+COUNT_EVERY = 64 * UNIT  # what a writer committing alone counts before it adds it to WRITTEN
 STATES = 64  # SLOTS bytes: each slot's state
 SIZE = SLOT_BYTES * (SLOTS + 1)
 FREE, WAITING, TAKEN, DONE, BUSY = 0, 1, 2, 3, 4
 RECORD = struct.Struct("<IIqqdq")  # a slot's header: length, crc32, writer, step, time, id
 _ID = struct.Struct("<q")
+_COUNT = struct.Struct("<Q")
 _ID_AT = RECORD.size - _ID.size
 ROOM = SLOT_BYTES - RECORD.size  # bytes of metrics text a slot holds
 # How long a waiter yields the CPU between looks before it sleeps in the
@@ -116,6 +135,19 @@ def _busy(exc: BaseException | None) -> bool:
     )
 
 
+def _added(text_bytes: int, records: int) -> int:
+    """About how many WAL pages (in UNITs) a commit of ``records`` adds, their metrics ``text_bytes`` long.
+
+    Records go in at the right edge of the table's B-tree: a commit writes
+    its last leaf again, and each 1 KiB page of rows (a row: its text and
+    about 32 bytes) a new leaf, a change to its parent, and the database's
+    first page, whose header counts the pages (over-counted for larger
+    pages: the checkpoint comes early). The fast path in commit() has this
+    inline.
+    """
+    return UNIT + 3 * (text_bytes + 32 * records)
+
+
 def _lock(fd: int, kind: int, byte: int, wait: bool) -> bool:
     """An OFD lock (F_WRLCK) or unlock (F_UNLCK) of one byte; False if another holds it and ``wait`` is not set."""
     request = struct.pack("hhqqi4x", kind, os.SEEK_SET, byte, 1, 0)
@@ -143,6 +175,13 @@ class GroupCommit:
         self._cursor = cursor
         self._slot = -1
         self._state = -1
+        # The connection's own busy timeout and checkpoint limit: a turn's
+        # holder waits for SQLite's write lock that long, and the group
+        # checkpoints at that limit (see the module docstring).
+        self._busy_ms: int = cursor.execute("PRAGMA busy_timeout").fetchone()[0]
+        self._limit: int = cursor.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
+        self._due = False  # this writer's commit took the WAL past the limit: it checkpoints, the turn given up
+        self._unshared = 0  # what this writer's commits alone added (UNITs), not yet in WRITTEN
 
     @classmethod
     def join(cls, path: Path, owner: Owner, cursor: sqlite3.Cursor) -> GroupCommit | None:
@@ -179,6 +218,8 @@ class GroupCommit:
             group.leave()
             return None
         _joined.add(group)
+        cursor.execute("PRAGMA busy_timeout=0")
+        cursor.execute("PRAGMA wal_autocheckpoint=0")
         return group
 
     def _claim(self) -> None:
@@ -202,16 +243,31 @@ class GroupCommit:
                 # No one commits or waits: this record alone, as without a
                 # group. HELD marks the turn taken without the kernel's lock
                 # (two syscalls, a third of an uncontended log()): one that
-                # comes meanwhile waits in a slot; two that race here both go
-                # to SQLite, which has them wait for each other.
+                # comes meanwhile waits in a slot. Two that race here both go
+                # to SQLite, whose write lock, with no busy wait on this
+                # connection, one of them finds taken: its record waits in
+                # its slot then, as does one that meets a sync's transaction.
                 view[HELD] = 1
                 try:
                     self._cursor.execute(_INSERT, row)
+                    alone = True
+                except sqlite3.OperationalError as exc:
+                    if not _busy(exc):
+                        raise
+                    alone = False
                 finally:
                     view[HELD] = 0
-                return
-            if _lock(self._fd, fcntl.F_WRLCK, 0, wait=False):
+                if alone:
+                    # Counted here, told the group every COUNT_EVERY pages:
+                    # a shared count costs a twentieth of a log().
+                    self._unshared += UNIT + 3 * (len(metrics) + 32)
+                    if self._unshared >= COUNT_EVERY and self._wrote(0):
+                        self._checkpoint()
+                    return
+            elif _lock(self._fd, fcntl.F_WRLCK, 0, wait=False):
                 self._holding(lambda: self._commit_all(row))
+                if self._due:
+                    self._checkpoint()
                 return
         start = SLOT_BYTES * (self._slot + 1)
         writer, step, now, _ = row
@@ -226,6 +282,64 @@ class GroupCommit:
             if view[state] != DONE:
                 self._with_turn(self._withdraw)
             raise
+        if self._due:
+            self._checkpoint()
+
+    def _wrote(self, added: int) -> bool:
+        """Count what a commit ``added`` to the WAL (UNITs), and what was not yet counted; whether the WAL is now
+        past the limit.
+
+        Outside the turn, a count may be lost to a race: the checkpoint comes a little later.
+        """
+        written: int = _COUNT.unpack_from(self._view, WRITTEN)[0] + added + self._unshared
+        self._unshared = 0
+        _COUNT.pack_into(self._view, WRITTEN, written)
+        return written >= self._limit * UNIT > 0
+
+    def _checkpoint(self) -> None:
+        """Checkpoint the WAL, the turn given up; then, with the turn, what was committed meanwhile.
+
+        A passive checkpoint takes no lock a writer waits for, and copies
+        the WAL as it was when it began. The WAL starts over only at a
+        write that finds all of it copied and no one reading it, so while
+        writers commit during each checkpoint it would grow without end:
+        the rest, small, is copied with the turn held, where no group
+        commit comes between, by a RESTART checkpoint that does not wait
+        (it gives up on a reader at once). The count is then SQLite's: 0
+        where it left no reader on the WAL (the next commit starts it
+        over), else the pages the WAL holds, past the limit, and the next
+        commit tries again, as SQLite's automatic checkpoint does (a sync
+        may read the WAL for long).
+
+        A checkpoint that fails is left to the next commit, as SQLite
+        leaves its own: the record it follows is committed, and a log()
+        that raised would be logged again, at a step of its own.
+        """
+        self._due = False
+        _, pages, copied = self._copy_wal("PASSIVE")
+        if pages < 0:
+            return  # another's checkpoint runs, or this one failed: the count stays past the limit
+        if copied == pages:
+            self._with_turn(self._finish_checkpoint)
+        else:  # a reader holds on to what is not copied
+            _COUNT.pack_into(self._view, WRITTEN, pages * UNIT)
+
+    def _finish_checkpoint(self) -> None:
+        """With the turn: copy what was committed during the checkpoint, and see that no reader is left on the
+        WAL, without waiting; so that the next commit starts the WAL over."""
+        self._cursor.execute("PRAGMA busy_timeout=0")
+        busy, pages, copied = self._copy_wal("RESTART")
+        whole = not busy and pages >= 0 and copied == pages
+        _COUNT.pack_into(self._view, WRITTEN, 0 if whole else max(pages, self._limit) * UNIT)
+
+    def _copy_wal(self, mode: str) -> tuple[int, int, int]:
+        """A checkpoint: whether it was kept from its end, the WAL's pages, and how many are copied (-1, -1: none
+        ran)."""
+        try:
+            busy, pages, copied = self._cursor.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
+        except sqlite3.Error:  # the disk full, say: no harm to the WAL, which the next commit checkpoints
+            return 1, -1, -1
+        return busy, pages, copied
 
     def _wait(self) -> None:
         """Until this writer's record is DONE: yield the CPU to whoever has the turn, or take it when it is free."""
@@ -259,7 +373,13 @@ class GroupCommit:
     def _holding(self, work: Callable[[], None]) -> None:
         self._view[HELD] = 1
         try:
-            work()
+            # The turn's holder waits for SQLite's write lock, as long as the
+            # connection would; without the turn it never does (see commit).
+            self._cursor.execute(f"PRAGMA busy_timeout={self._busy_ms}")
+            try:
+                work()
+            finally:
+                self._cursor.execute("PRAGMA busy_timeout=0")
         finally:
             self._view[HELD] = 0
             _lock(self._fd, fcntl.F_UNLCK, 0, wait=False)
@@ -273,6 +393,7 @@ class GroupCommit:
         states = view[STATES : STATES + SLOTS]
         if own is not None and WAITING not in states and TAKEN not in states:
             cursor.execute(_INSERT, own)  # no one else waits: as without a group
+            self._due = self._wrote(_added(len(own[3]), 1)) or self._due
             return
         before = _all(states, WAITING)
         taken: list[int] = []
@@ -302,6 +423,7 @@ class GroupCommit:
                     view[STATES + slot] = TAKEN
                 cursor.executemany(_INSERT, rows)
             cursor.execute("COMMIT")
+            self._due = self._wrote(_added(sum(len(r[3]) for r in rows), len(rows))) or self._due
         except BaseException:
             # Committed or not, the database says (an interruption may land
             # after COMMIT returned): never guess, which could commit twice.
@@ -356,12 +478,16 @@ class GroupCommit:
             return None
 
     def leave(self) -> None:
-        """Give the slot up (closing the descriptor drops its locks)."""
+        """Give the slot up (closing the descriptor drops its locks), and give the connection its settings back."""
+        joined = self in _joined
         _joined.discard(self)
         if self._fd >= 0:
             self._view.close()
             os.close(self._fd)
             self._fd = -1
+        if joined:
+            self._cursor.execute(f"PRAGMA busy_timeout={self._busy_ms}")
+            self._cursor.execute(f"PRAGMA wal_autocheckpoint={self._limit}")
 
     def _forget(self) -> None:
         # In a forked child: its copy of the descriptor shares the parent's
@@ -369,6 +495,7 @@ class GroupCommit:
         # keeps them; kept, they would outlive a parent that dies (the turn
         # taken for good, if the fork came while it was held). The map holds
         # a descriptor of its own (mmap dups it).
+        _joined.discard(self)  # its connection is the parent's too: leave() must not touch it
         if self._fd >= 0:
             self._view.close()
             os.close(self._fd)

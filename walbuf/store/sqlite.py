@@ -34,7 +34,7 @@ from .trust import Owner, fsync, make_folders
 # bench_writer.py): 1 KiB pages and a checkpoint every 10,000 pages (10 MiB
 # of WAL) gave about 1.2x the records/s of SQLite's defaults (4 KiB, 1,000).
 PAGE_SIZE = 1024  # takes effect only when the database file is created
-WAL_AUTOCHECKPOINT = 10_000  # pages
+WAL_AUTOCHECKPOINT = 10_000  # pages (writers in a group commit checkpoint by hand at this: see group_commit.py)
 RECLAIM_STEP = 1000  # pages a step of prune's reclaim gives back (see SQLiteBackend.reclaim)
 _AUTO_VACUUM_INCREMENTAL = 2  # PRAGMA auto_vacuum's answer
 _SYNCHRONOUS_NORMAL = 1  # PRAGMA synchronous's answer
