@@ -7,6 +7,7 @@ then a real Writer takes the turn.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -18,6 +19,8 @@ import subprocess
 import sys
 import time
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -166,40 +169,54 @@ def line_of(proc: subprocess.Popen, within: float = 60) -> str:
     return proc.stdout.readline()
 
 
+@contextmanager
+def writer_process(script: str, *args: str) -> Iterator[subprocess.Popen]:
+    """A writer process running ``script`` (lines in and out), ended (killed if need be) afterwards."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def go_on(proc: subprocess.Popen) -> None:
+    """Let ``proc`` past its next readline()."""
+    proc.stdin.write("\n")
+    proc.stdin.flush()
+
+
+def waiting_in_slot(proc: subprocess.Popen, buffer: Path, logged_early: str) -> Slot:
+    """Once ``proc``'s record waits in its slot (the lowest free one): that slot."""
+    slot = Slot(buffer, 0, hold=False)
+    while slot.state() != gc.WAITING:
+        assert proc.poll() is None, "the writer ended before its record waited in its slot"
+        assert not has_line(proc), logged_early
+        os.sched_yield()
+    return slot
+
+
 def test_a_log_interrupted_while_it_waits_for_the_turn_writes_nothing_and_the_writer_goes_on(tmp_path):
     buffer = new_buffer(tmp_path)
-    writer = subprocess.Popen(
-        [sys.executable, "-c", INTERRUPTED_WRITER, str(buffer)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    turn = -1
-    try:
+    with writer_process(INTERRUPTED_WRITER, str(buffer)) as writer:
         assert line_of(writer) == "open\n"
         turn = take_turn(buffer)
-        writer.stdin.write("\n")
-        writer.stdin.flush()
-        waiting = Slot(buffer, 0, hold=False)  # the writer's: the lowest free slot
-        while waiting.state() != gc.WAITING:
-            assert writer.poll() is None, "the writer ended before it waited for the turn"
-            assert not has_line(writer), "the writer logged without the turn"
-            os.sched_yield()
-        writer.send_signal(signal.SIGINT)
-        give_turn(turn)
+        try:
+            go_on(writer)
+            waiting = waiting_in_slot(writer, buffer, "the writer logged without the turn")
+            writer.send_signal(signal.SIGINT)
+            give_turn(turn)
+        finally:
+            os.close(turn)
         assert line_of(writer) == "interrupted\n"
         waiting.close()
         log_once(buffer)  # takes the turn: the interrupted record must not go in with its commit
-        writer.stdin.write("\n")
-        writer.stdin.flush()
+        go_on(writer)
         assert line_of(writer) == "step 0\n"
         assert writer.wait(timeout=60) == 0
-    finally:
-        if writer.poll() is None:
-            writer.kill()
-        writer.communicate()
-        if turn >= 0:
-            os.close(turn)
     assert records_of(buffer, "cut") == [(0, {"second": 2})]
 
 
@@ -271,36 +288,19 @@ w.close()
 
 def test_a_writer_that_finds_sqlites_write_lock_taken_waits_in_its_slot_not_in_sqlites_sleeps(tmp_path):
     buffer = new_buffer(tmp_path)
-    writer = subprocess.Popen(
-        [sys.executable, "-c", LOCKED_OUT_WRITER, str(buffer)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
     other = sqlite3.connect(buffer, isolation_level=None)  # a sync's transaction, say
-    try:
+    with writer_process(LOCKED_OUT_WRITER, str(buffer)) as writer, contextlib.closing(other):
         assert line_of(writer) == "open\n"
         other.execute("BEGIN IMMEDIATE")
-        writer.stdin.write("\n")
-        writer.stdin.flush()
+        go_on(writer)
         # No one commits or waits in the group: the writer tries alone, and
         # finding the lock taken, its record waits in its slot, where the
         # next to find the lock free commits it (without the group's wait,
         # it would sleep in SQLite's, and others coming would wait behind it).
-        slot = Slot(buffer, 0, hold=False)  # the writer's: the lowest free slot
-        while slot.state() != gc.WAITING:
-            assert writer.poll() is None, "the writer ended before its record waited in its slot"
-            assert not has_line(writer), "the writer logged while another held the write lock"
-            os.sched_yield()
-        slot.close()
+        waiting_in_slot(writer, buffer, "the writer logged while another held the write lock").close()
         other.execute("COMMIT")
         assert line_of(writer) == "step 1\n"
         assert writer.wait(timeout=60) == 0
-    finally:
-        other.close()
-        if writer.poll() is None:
-            writer.kill()
-        writer.communicate()
     assert records_of(buffer, "late") == [(0, {"a": 1}), (1, {"a": 2})]
 
 
