@@ -342,3 +342,62 @@ def test_the_writers_commits_keep_the_wal_within_its_checkpoint_limit(tmp_path, 
     assert [p.returncode for p in procs] == [0] * writers
     assert wal <= 2 * WAL_AUTOCHECKPOINT * frame
     assert sum(1 for r in walbuf.read(buffer) if r.writer.startswith("w")) == writers * per_writer
+
+
+BEYOND_THE_SLOTS_WRITER = """
+import sys, walbuf
+w = walbuf.Writer(sys.argv[1], writer="late", run="r")
+w.log({"a": 1})
+print("open", flush=True)
+sys.stdin.readline()
+print("logging", flush=True)
+print("step", w.log({"a": 2}), flush=True)
+w.close()
+"""
+
+SLEEPER = """
+import ctypes
+print("sleeping", flush=True)
+ctypes.CDLL(None).usleep(600_000_000)
+"""
+
+
+def syscall_of(pid: int) -> str:
+    """The system call ``pid`` waits in, by number ("running" if none)."""
+    return Path(f"/proc/{pid}/syscall").read_text().split()[0]
+
+
+def sleeping_syscall() -> str:
+    """What /proc/PID/syscall shows of a process in libc's usleep(), where SQLite's busy wait sleeps."""
+    with writer_process(SLEEPER) as sleeper:
+        assert line_of(sleeper) == "sleeping\n"
+        # After its line, the only wait it can be in is the sleep.
+        while (stat := Path(f"/proc/{sleeper.pid}/stat").read_text())[stat.rindex(")") + 2] != "S":
+            os.sched_yield()
+        return syscall_of(sleeper.pid)
+
+
+def test_a_writer_beyond_the_groups_slots_waits_for_the_write_lock_as_without_a_group(tmp_path):
+    buffer = new_buffer(tmp_path)
+    sleeping = sleeping_syscall()
+    others = [walbuf.Writer(buffer, writer=f"w{i}", run="r") for i in range(gc.SLOTS)]
+    for w in others:
+        w.log({"x": 1})  # every slot taken
+    other = sqlite3.connect(buffer, isolation_level=None)  # a sync's transaction, say
+    try:
+        with writer_process(BEYOND_THE_SLOTS_WRITER, str(buffer)) as writer:
+            assert line_of(writer) == "open\n"
+            other.execute("BEGIN IMMEDIATE")
+            go_on(writer)
+            assert line_of(writer) == "logging\n"
+            while syscall_of(writer.pid) != sleeping:  # in SQLite's wait for the write lock
+                assert writer.poll() is None, "the writer gave up on the write lock at once"
+                os.sched_yield()
+            other.execute("COMMIT")
+            assert line_of(writer) == "step 1\n"
+            assert writer.wait(timeout=60) == 0
+    finally:
+        other.close()
+        for w in others:
+            w.close()
+    assert records_of(buffer, "late") == [(0, {"a": 1}), (1, {"a": 2})]

@@ -65,7 +65,9 @@ for that. So the writers' connections checkpoint only by hand: each
 commit adds its estimate of the pages it wrote to WRITTEN, and the writer
 that finds it past the connection's limit once its log() committed and
 the turn is given up runs a passive checkpoint (which takes no lock a
-writer waits for) and puts SQLite's count of the WAL's pages in WRITTEN.
+writer waits for), then copies what was committed meanwhile with the turn
+held, and puts SQLite's count of the WAL's pages in WRITTEN (see
+_checkpoint).
 
 The file is made whole (every byte written) before any writer maps it: a
 mapped page needs no room on the disk later, so a full disk never kills a
@@ -181,6 +183,7 @@ class GroupCommit:
         self._busy_ms: int = cursor.execute("PRAGMA busy_timeout").fetchone()[0]
         self._limit: int = cursor.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
         self._due = False  # this writer's commit took the WAL past the limit: it checkpoints, the turn given up
+        self._tuned = False  # the connection waits for no lock and checkpoints by hand: it joined
         self._unshared = 0  # what this writer's commits alone added (UNITs), not yet in WRITTEN
 
     @classmethod
@@ -220,6 +223,7 @@ class GroupCommit:
         _joined.add(group)
         cursor.execute("PRAGMA busy_timeout=0")
         cursor.execute("PRAGMA wal_autocheckpoint=0")
+        group._tuned = True
         return group
 
     def _claim(self) -> None:
@@ -375,6 +379,10 @@ class GroupCommit:
         try:
             # The turn's holder waits for SQLite's write lock, as long as the
             # connection would; without the turn it never does (see commit).
+            # (Before the connection joined, it waits as it would anyway.)
+            if not self._tuned:
+                work()
+                return
             self._cursor.execute(f"PRAGMA busy_timeout={self._busy_ms}")
             try:
                 work()
@@ -479,13 +487,13 @@ class GroupCommit:
 
     def leave(self) -> None:
         """Give the slot up (closing the descriptor drops its locks), and give the connection its settings back."""
-        joined = self in _joined
         _joined.discard(self)
         if self._fd >= 0:
             self._view.close()
             os.close(self._fd)
             self._fd = -1
-        if joined:
+        if self._tuned:
+            self._tuned = False
             self._cursor.execute(f"PRAGMA busy_timeout={self._busy_ms}")
             self._cursor.execute(f"PRAGMA wal_autocheckpoint={self._limit}")
 
@@ -495,7 +503,8 @@ class GroupCommit:
         # keeps them; kept, they would outlive a parent that dies (the turn
         # taken for good, if the fork came while it was held). The map holds
         # a descriptor of its own (mmap dups it).
-        _joined.discard(self)  # its connection is the parent's too: leave() must not touch it
+        _joined.discard(self)
+        self._tuned = False  # its connection is the parent's too: leave() must not touch it
         if self._fd >= 0:
             self._view.close()
             os.close(self._fd)
