@@ -344,14 +344,14 @@ def test_the_writers_commits_keep_the_wal_within_its_checkpoint_limit(tmp_path, 
     assert sum(1 for r in walbuf.read(buffer) if r.writer.startswith("w")) == writers * per_writer
 
 
-BEYOND_THE_SLOTS_WRITER = """
+UNSLOTTED_WRITER = """
 import sys, walbuf
 w = walbuf.Writer(sys.argv[1], writer="late", run="r")
-w.log({"a": 1})
+w.log({"a": "1"})
 print("open", flush=True)
 sys.stdin.readline()
 print("logging", flush=True)
-print("step", w.log({"a": 2}), flush=True)
+print("step", w.log({"a": sys.argv[2]}), flush=True)
 w.close()
 """
 
@@ -377,15 +377,20 @@ def sleeping_syscall() -> str:
         return syscall_of(sleeper.pid)
 
 
-def test_a_writer_beyond_the_groups_slots_waits_for_the_write_lock_as_without_a_group(tmp_path):
+@pytest.mark.parametrize(
+    ("slots_taken", "value"),
+    [(gc.SLOTS, "2"), (0, "x" * (gc.ROOM + 1))],
+    ids=["a writer beyond the slots", "a record too big for a slot"],
+)
+def test_what_no_slot_holds_waits_for_the_write_lock_as_without_a_group(tmp_path, slots_taken, value):
     buffer = new_buffer(tmp_path)
     sleeping = sleeping_syscall()
-    others = [walbuf.Writer(buffer, writer=f"w{i}", run="r") for i in range(gc.SLOTS)]
+    others = [walbuf.Writer(buffer, writer=f"w{i}", run="r") for i in range(slots_taken)]
     for w in others:
-        w.log({"x": 1})  # every slot taken
+        w.log({"x": 1})
     other = sqlite3.connect(buffer, isolation_level=None)  # a sync's transaction, say
     try:
-        with writer_process(BEYOND_THE_SLOTS_WRITER, str(buffer)) as writer:
+        with writer_process(UNSLOTTED_WRITER, str(buffer), value) as writer:
             assert line_of(writer) == "open\n"
             other.execute("BEGIN IMMEDIATE")
             go_on(writer)
@@ -400,4 +405,4 @@ def test_a_writer_beyond_the_groups_slots_waits_for_the_write_lock_as_without_a_
         other.close()
         for w in others:
             w.close()
-    assert records_of(buffer, "late") == [(0, {"a": 1}), (1, {"a": 2})]
+    assert records_of(buffer, "late") == [(0, {"a": "1"}), (1, {"a": value})]

@@ -23,7 +23,8 @@ Every writer process maps it shared:
   estimate of what the commits after it added (see checkpoints below);
 - bytes STATES..STATES+SLOTS: each slot's state; a writer holds an OFD lock
   on its slot's byte for as long as it is open (writers beyond SLOTS
-  commit their own records, as do records too big for a slot);
+  commit their own records; a record too big for a slot its writer
+  commits with the turn held);
 - from SLOT_BYTES on, slot i at SLOT_BYTES * (i + 1): the record its writer
   logs (length, crc32, writer, step, time, then the record's id once a
   transaction inserted it, then the metrics' text).
@@ -286,6 +287,18 @@ class GroupCommit:
             if view[state] != DONE:
                 self._with_turn(self._withdraw)
             raise
+        if self._due:
+            self._checkpoint()
+
+    def commit_unslotted(self, row: Row) -> None:
+        """Commit ``row``, too big for a slot, with the turn held: with the records waiting, and waiting for
+        SQLite's write lock as long as the connection's busy timeout says (this connection waits for none
+        outside the turn)."""
+        if self._fd < 0:
+            raise RuntimeError(f"{self._path}: this group commit slot was left (or inherited by a forked process)")
+        if self._view[self._state] not in (FREE, DONE):
+            self._with_turn(self._withdraw)  # left by a wait cut off
+        self._with_turn(lambda: self._commit_all(row))
         if self._due:
             self._checkpoint()
 

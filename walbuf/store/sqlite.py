@@ -538,7 +538,9 @@ class _SQLiteAppender:
                 text = params[3].encode()
                 if len(text) <= group_commit.ROOM:
                     self._group.commit(params, text)
-                    return
+                else:
+                    self._group.commit_unslotted(params)
+                return
             self._cursor.execute(self._sql, params)
         except sqlite3.Error as exc:
             raise self._backend.error(exc) from exc
