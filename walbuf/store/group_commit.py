@@ -145,8 +145,7 @@ def _added(text_bytes: int, records: int) -> int:
     its last leaf again, and each 1 KiB page of rows (a row: its text and
     about 32 bytes) a new leaf, a change to its parent, and the database's
     first page, whose header counts the pages (over-counted for larger
-    pages: the checkpoint comes early). The fast path in commit() has this
-    inline.
+    pages: the checkpoint comes early).
     """
     return UNIT + 3 * (text_bytes + 32 * records)
 
@@ -238,11 +237,8 @@ class GroupCommit:
 
     def commit(self, row: Row, metrics: bytes) -> None:
         """Commit ``row`` (``metrics``: its text, encoded, at most ROOM bytes) with the group's next transaction."""
-        if self._fd < 0:
-            raise RuntimeError(f"{self._path}: this group commit slot was left (or inherited by a forked process)")
+        self._ready()
         view, state = self._view, self._state
-        if view[state] not in (FREE, DONE):
-            self._with_turn(self._withdraw)  # left by a wait cut off
         if view[HELD] == 0:
             if WAITING not in view[STATES : STATES + SLOTS]:
                 # No one commits or waits: this record alone, as without a
@@ -265,7 +261,7 @@ class GroupCommit:
                 if alone:
                     # Counted here, told the group every COUNT_EVERY pages:
                     # a shared count costs a twentieth of a log().
-                    self._unshared += UNIT + 3 * (len(metrics) + 32)
+                    self._unshared += _added(len(metrics), 1)
                     if self._unshared >= COUNT_EVERY and self._wrote(0):
                         self._checkpoint()
                     return
@@ -294,13 +290,17 @@ class GroupCommit:
         """Commit ``row``, too big for a slot, with the turn held: with the records waiting, and waiting for
         SQLite's write lock as long as the connection's busy timeout says (this connection waits for none
         outside the turn)."""
+        self._ready()
+        self._with_turn(lambda: self._commit_all(row))
+        if self._due:
+            self._checkpoint()
+
+    def _ready(self) -> None:
+        """Before a commit: the slot is this process's, and holds nothing a wait cut off left there."""
         if self._fd < 0:
             raise RuntimeError(f"{self._path}: this group commit slot was left (or inherited by a forked process)")
         if self._view[self._state] not in (FREE, DONE):
             self._with_turn(self._withdraw)  # left by a wait cut off
-        self._with_turn(lambda: self._commit_all(row))
-        if self._due:
-            self._checkpoint()
 
     def _wrote(self, added: int) -> bool:
         """Count what a commit ``added`` to the WAL (UNITs), and what was not yet counted; whether the WAL is now
