@@ -14,6 +14,7 @@ from walbuf.directory.frames import (
     MAX_BODY,
     RECORD,
     FrameReader,
+    Unread,
     alive_frame,
     frame,
     json_frame,
@@ -23,11 +24,12 @@ from walbuf.directory.frames import (
 bodies = st.lists(st.tuples(st.sampled_from([RECORD, CONFIG, ALIVE]), st.binary(max_size=300)), max_size=12)
 
 
-def read_all(path, offset=0):
+def read_all(path, offset=0, end=None):
+    """What a reader reads: (kind, body) of each whole frame, and each Unread as it is; why it stopped; where."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        reader = FrameReader(fd, offset)
-        frames = [(f.kind, f.body) for f in reader]
+        reader = FrameReader(fd, offset, end)
+        frames = [item if isinstance(item, Unread) else (item.kind, item.body) for item in reader]
         return frames, reader.stop, reader.offset
     finally:
         os.close(fd)
@@ -51,7 +53,7 @@ def test_a_file_cut_anywhere_reads_back_exactly_the_whole_frames_before_the_cut(
 
 
 @given(bodies.filter(lambda f: len(f) >= 2), st.data())
-def test_a_changed_byte_stops_reading_at_its_frame_and_is_called_damage_when_whole_frames_follow(
+def test_a_changed_byte_makes_its_frame_unread_and_reading_goes_on_at_the_next_whole_frame(
     tmp_path_factory, frames, data
 ):
     encoded = [frame(kind, body) for kind, body in frames]
@@ -61,10 +63,35 @@ def test_a_changed_byte_stops_reading_at_its_frame_and_is_called_damage_when_who
     changed[at] ^= data.draw(st.integers(1, 255))
     path = tmp_path_factory.mktemp("damage") / "shard.log"
     path.write_bytes(b"".join(encoded[:hit]) + bytes(changed) + b"".join(encoded[hit + 1 :]))
+    start = sum(len(e) for e in encoded[:hit])
     read, stop, offset = read_all(path)
-    assert read == frames[:hit]
-    assert offset == sum(len(e) for e in encoded[:hit])
-    assert stop == "damaged"
+    assert read == [*frames[:hit], Unread(start, start + len(encoded[hit])), *frames[hit + 1 :]]
+    assert (stop, offset) == ("end", len(b"".join(encoded)))
+
+
+@given(bodies.filter(lambda f: len(f) >= 3), st.data())
+def test_a_range_read_again_yields_exactly_the_frames_it_holds_now(tmp_path_factory, frames, data):
+    # A page a client cached stale, read right at the next sync.
+    encoded = [frame(kind, body) for kind, body in frames]
+    first = data.draw(st.integers(1, len(encoded) - 2))
+    last = data.draw(st.integers(first, len(encoded) - 2))
+    start, until = sum(len(e) for e in encoded[:first]), sum(len(e) for e in encoded[: last + 1])
+    whole = b"".join(encoded)
+    path = tmp_path_factory.mktemp("again") / "shard.log"
+    path.write_bytes(whole[:start] + bytes(until - start) + whole[until:])
+    read, _, _ = read_all(path)
+    assert read == [*frames[:first], Unread(start, until), *frames[last + 1 :]]
+    path.write_bytes(whole)
+    assert read_all(path, start, until) == (frames[first : last + 1], "end", until)
+
+
+def test_a_range_read_again_that_still_holds_no_whole_frame_is_unread_whole(tmp_path):
+    first, second = record_frame(1, 0, 1.0, "{}"), record_frame(1, 1, 2.0, "{}")
+    path = tmp_path / "shard.log"
+    path.write_bytes(first + bytes(4096) + second)
+    gap = Unread(len(first), len(first) + 4096)
+    assert read_all(path)[0] == [(RECORD, first[HEAD_SIZE:]), gap, (RECORD, second[HEAD_SIZE:])]
+    assert read_all(path, gap.start, gap.end) == ([gap], "end", gap.end)
 
 
 def test_a_page_of_zeros_after_the_last_frame_is_a_cut_off_end_not_a_frame(tmp_path):

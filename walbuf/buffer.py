@@ -159,13 +159,13 @@ class DatabaseBuffer:
     def open_segment(self, durability: Durability) -> DatabaseSegment:
         return DatabaseSegment(Storage(self.backend, access="create", durability=durability))
 
-    # A database holds every record itself: it has no shards waiting, set
-    # aside or to remove, and nothing in it walbuf does not open.
+    # A database holds every record itself: it has no shards waiting, damaged
+    # or to remove, and nothing in it walbuf does not open.
 
     def backlog(self) -> list[Backlog]:
         return []
 
-    def set_aside(self) -> list[tuple[str, str]]:
+    def damaged(self) -> list[tuple[str, str]]:
         return []
 
     def not_opened(self) -> list[str]:
@@ -313,8 +313,8 @@ class Buffer(Protocol):
         """Each shard whose records the store does not hold yet (a database: none)."""
         ...
 
-    def set_aside(self) -> list[tuple[str, str]]:
-        """(shard id, why) of each shard a sync set aside (a database: none)."""
+    def damaged(self) -> list[tuple[str, str]]:
+        """(name, why) of each part of the buffer a person must look at, never taken in (a database: none)."""
         ...
 
     def not_opened(self) -> list[str]:

@@ -159,7 +159,7 @@ def _follow(options: dict[str, Any], interval: float, *, quiet: bool, verbose: b
         raise click.UsageError(f"--follow streams online until the job ends: it takes no {', '.join(given)}")
 
     def on_pass(result: SyncResult) -> None:
-        for message in (*result.set_aside, *result.refused):
+        for message in result.refused:
             click.echo(f"walbuf: warning: {message}", err=True)
         for run in result.runs:
             _say_warnings(run, options["buffer"])
@@ -454,7 +454,7 @@ def _run_sync(
             )
     finally:
         shown.close()
-    for message in (*result.set_aside, *result.refused):
+    for message in result.refused:
         click.echo(f"walbuf: warning: {message}", err=True)
     for run in result.runs:
         _say_warnings(run, options["buffer"])
@@ -610,7 +610,7 @@ def cron(**options: Any) -> None:
         click.echo(
             f"{stamp} walbuf sync {buffer}: exit {exitcodes.QUARANTINED.code}, needs a person:"
             f" {_records(result.records)} synced, {result.quarantined} quarantined,"
-            f" {len(result.set_aside)} shards set aside, {len(result.refused)} files refused (see the warnings above)"
+            f" {len(result.refused)} parts not taken in (see the warnings above)"
         )
         sys.exit(exitcodes.QUARANTINED.code)
     click.echo(f"{stamp} walbuf sync {buffer}: ok, {_records(result.records)} synced")
@@ -647,7 +647,7 @@ def status(buffer: str, as_json: bool) -> None:
             waiting = f"{_records(shard.not_in_hub)} not yet in the hub"
         click.echo(f"shard {shard.shard} ({shard.state}, since {created}): {waiting}")
     for damaged in report.damaged_shards:
-        click.echo(f"shard {damaged} (set aside in quarantine/: see walbuf doctor)")
+        click.echo(f"shard {damaged} (set aside in quarantine/ by an older walbuf: see walbuf doctor)")
     for why in report.not_opened:
         click.echo(f"not opened: {why}")
     if not report.runs:

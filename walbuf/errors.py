@@ -137,6 +137,11 @@ class SyncHostError(ConfigError):
     changed."""
 
 
+class OlderShardsError(ConfigError):
+    """A directory buffer holds live shards of an older walbuf that only a sync on their own host can take in; the
+    hub was not upgraded, and nothing was sent."""
+
+
 class UploadError(WalbufError):
     """W&B could not be reached or did not confirm the upload; nothing was marked synced."""
 

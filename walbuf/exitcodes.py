@@ -42,7 +42,7 @@ QUARANTINED = ExitCode(
     3,
     "`sync` (or a `--follow` at its end) sent the rest, but W&B refuses some records or settings for good: they"
     " are quarantined (`walbuf records --quarantined` shows them); or a shard of a directory buffer is damaged or holds"
-    " what walbuf never writes, and was read only up to there (`walbuf doctor` says what to do)",
+    " what walbuf never writes, and what could be read of it was taken in (`walbuf doctor` says what to do)",
 )
 LOCKED = ExitCode(11, "another `walbuf sync` of this buffer is running", retry=True)
 DATAERR = ExitCode(
@@ -72,7 +72,8 @@ SIGTERM = ExitCode(143, "stopped by SIGTERM: nothing the cut-off upload sent is 
 CONFIG = ExitCode(
     78,
     "an unusable setting, missing or refused W&B credentials, a setting that conflicts with what the buffer holds,"
-    " or a directory buffer that another host syncs (where locks do not span hosts: `walbuf sync --take-over`)",
+    " or a directory buffer that another host syncs (where locks do not span hosts: `walbuf sync --take-over`) or that"
+    " holds an older walbuf's live shards a sync on their host must take in first (the message says which)",
 )
 
 EXIT_CODES: tuple[ExitCode, ...] = (

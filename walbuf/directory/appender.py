@@ -44,8 +44,7 @@ from . import frames
 from .frames import WriterEntry
 from .host import HEARTBEAT, Process, judged_running
 from .layout import ENV_HOST, Layout, rotate_seconds
-from .log_shard import first_process
-from .shard import ShardError, ShardGone
+from .shard import ShardError, ShardGone, first_process
 
 _log = logging.getLogger(__name__)
 
@@ -84,8 +83,7 @@ class ProcessShard:
         """Keep the shard (opened now if it is not) until a matching :meth:`let_go`."""
         with self._lock:
             if self._fd < 0:
-                _check_host_name(self.layout, self.host)
-                self._open_new()
+                self._open_new(first=True)
             if not self._beating:
                 self._beating = True
                 self._heartbeat_later()
@@ -200,8 +198,15 @@ class ProcessShard:
             return BufferNotWritableError(f"{where} is not writable here ({exc.strerror}): the record {what}")
         return StorageError(f"{where}: {exc.strerror or exc}; the record {what}")
 
-    def _open_new(self) -> None:
-        """Start a new live file, named by its creation time, and note the process and its open writers there."""
+    def _open_new(self, *, first: bool = False) -> None:
+        """Start a new live file, named by its creation time, and note the process and its open writers there.
+
+        The file server's clock minus this process's is noted with the
+        process (the mtime it gave the file made now against this clock
+        then): the hub orders opens and closes across hosts by it. On the
+        ``first`` file of the process, another machine appending under this
+        host name is refused first (ConfigError), the new file removed.
+        """
         owner = self.layout.make()
         folder = self.layout.live(self.host)
         owner.folder(self.layout.root / "live", make=True, private=True)
@@ -210,19 +215,29 @@ class ProcessShard:
         while True:
             path = folder / f"{gen:020d}.log"
             try:
+                before = time.time()
                 fd = owner.open(path, os.O_WRONLY | os.O_APPEND | os.O_EXCL, create=True)
+                made = os.fstat(fd).st_mtime
+                clock = made - (before + time.time()) / 2
                 break
             except FileExistsError:
                 gen += 1  # another process of this host started one in the same nanosecond
             except OSError as exc:
                 self._path = path
                 raise self._error(exc, "was not written") from exc
+        if first:
+            try:
+                _check_host_name(self.layout, self.host, made, path)
+            except BaseException:
+                os.close(fd)
+                path.unlink()
+                raise
         old = (self._fd, self._path)
         self._fd, self._path, self._size, self._broken = fd, path, 0, False
         self._expires = gen / 1e9 + rotate_seconds()
         try:
             now = time.time()
-            process = {"format": 1, "process": Process.this(self.host).to_json(), "time": now}
+            process = {"format": 1, "process": Process.this(self.host).to_json(), "time": now, "clock": clock}
             self._write(frames.json_frame(frames.PROCESS, process), durable=False)
             for local, entry in self._writers.items():
                 self._write(frames.json_frame(frames.WRITER, entry.to_json(local, now)), durable=False)
@@ -284,17 +299,18 @@ class ProcessShard:
             self._heartbeat_later()
 
 
-def _check_host_name(layout: Layout, host: str) -> None:
-    """Raise ConfigError, before anything is written, if another machine appends to shards under ``host`` now.
+def _check_host_name(layout: Layout, host: str, now: float, made: Path) -> None:
+    """Raise ConfigError, before anything is written to ``made`` (this process's new shard), if another machine
+    appends to shards under ``host`` now: heard of within WALBUF_DEAD_AFTER by the file server's clock (``now`` is
+    the mtime it gave ``made``).
 
     Two machines given one host name (a copied job script, containers that
     share a hostname) would each take the other's shards for their own
     machine's; their records would stay apart (each process has a shard of
     its own), but what status and doctor say of that host would mix them.
     """
-    now = time.time()
     for shard in layout.shards("live", host):
-        if shard.format != "log":
+        if shard.path == made:
             continue
         try:
             other = first_process(layout, shard)

@@ -2,11 +2,10 @@
 
 Each process appends the frames of its writers to a shard of its own
 (:mod:`.appender`), which nothing else writes and any host reads while it
-grows; no lock is needed for that, on any filesystem. `walbuf sync` copies
+grows; no lock is needed for that, on any filesystem. `walbuf sync` takes
 what the hub lacks of every shard into the hub (:mod:`.ingest`), then
-uploads the hub as it would a one-file buffer. Shards of an older walbuf
-(SQLite files shared by the processes of one host) are still read, and
-sealed on their own host (:mod:`.sealing`).
+uploads the hub as it would a one-file buffer. An older walbuf's SQLite
+shards are taken in once, before the hub is upgraded (:mod:`.upgrade`).
 """
 
 from __future__ import annotations
@@ -29,16 +28,15 @@ from ..store.backend import Lock
 from ..store.schema import log_cursors, log_writers, runs, writers
 from ..store.source import Backlog, SyncSource
 from ..store.sqlite import SQLiteBackend
-from ..store.storage import stored_metrics, writer_lock_name
+from ..store.storage import writer_lock_name
 from .appender import process_shard
-from .host import Process, judged_running
-from .ingest import hub_cursors, in_hub, ingest, pending_in
+from .host import Process, judged_running, server_time
+from .ingest import HubView, damage_note, frames_not_in_hub, frames_past, hub_view, ingest, records_not_in_hub
 from .layout import MARKER, Layout, Shard, host_name, hub_backend
-from .log_ingest import cursor_of, frames_not_in_hub, records_not_in_hub
-from .sealing import seal_unused
 from .segment import Hold, ShardSegment
-from .shard import ShardError, ShardGone, ShardReader
+from .shard import ShardError, ShardGone
 from .sync_host import claim, written_elsewhere
+from .upgrade import describe, problem, remaining_message, take_in
 
 _log = logging.getLogger(__name__)
 
@@ -93,9 +91,11 @@ class DirectoryBuffer:
         """Whether a process holds ``writer`` of ``run`` open now. Changes nothing.
 
         Open where its lock in locks/ is held as this host sees it (locks
-        may not span hosts), or where a log shard the hub has taken in names
-        it open and that shard's process runs: for sure on this machine,
-        elsewhere judged by when it was last heard of (walbuf.directory.host).
+        may not span hosts), or where a shard the hub has taken in names it
+        open and that shard's process runs: for sure on this machine,
+        elsewhere judged by when it was last heard of, by the file server's
+        clock (walbuf.directory.host; this process notes that clock's time in
+        locks/clock, where it may).
         """
         if self._hub().writer_held(writer_lock_name(run, writer)):
             return True
@@ -110,7 +110,10 @@ class DirectoryBuffer:
                 .join(runs, runs.c.id == writers.c.run_id)
                 .where(runs.c.name == run, writers.c.name == writer, log_writers.c.open, sa.not_(log_cursors.c.ended))
             ).all()
-        now = time.time()
+        if not rows:
+            return False
+        layout = self.layout
+        now = server_time(layout.locks, layout.owner)
         return any(judged_running(Process.from_json(json.loads(process)), seen, now) for process, seen in rows)
 
     def writer_close_note(self, run: str, writer: str) -> int | None:
@@ -119,96 +122,98 @@ class DirectoryBuffer:
         return self._hub().writer_close_note(writer_lock_name(run, writer))
 
     def open_for_sync(self, stop: Callable[[], bool] | None = None, *, check: bool = True) -> SyncSource:
-        """Seal the live shards nobody uses (of any host), copy every shard this host may read into the hub; the hub,
-        open.
+        """Take an older walbuf's shards in (walbuf.directory.upgrade), then every shard into the hub; the hub, open.
 
-        Also what was set aside (damaged or refused shards moved to
-        quarantine/) and what was not opened (see Layout.strangers), a
-        message each: the others went on. ``stop`` ends the copying early
-        (see walbuf.directory.ingest). The hub is checked whole for damage
-        unless ``check`` is off. Raises SyncHostError, with nothing changed,
-        on a host that may not sync the buffer (walbuf.directory.sync_host).
-        The caller holds the sync lock.
+        Also what was not taken in (a shard holding what walbuf never
+        writes, or damaged; an older walbuf's shard that cannot be) and what
+        was not opened (see Layout.strangers), a message each: the others
+        went on. ``stop`` ends the copying early (see walbuf.directory.ingest).
+        The hub is checked whole for damage unless ``check`` is off. Raises
+        SyncHostError, with nothing changed, on a host that may not sync the
+        buffer (walbuf.directory.sync_host), and OlderShardsError while an
+        older walbuf's live shard remains that the hub keeps cursors of. The
+        caller holds the sync lock.
         """
         layout = self.layout
         layout.make()
         claim(layout)  # where locks do not span hosts: only the sync host goes on
+        older = take_in(layout, host_name())
         hub = self.open_store("create")
         assert hub is not None
         try:
             if check:
                 hub.check_integrity()
-            host = host_name()
-            sealing = seal_unused(layout, host)
-            taken = ingest(layout, hub, host, stop)
-            strangers = tuple(f"{s.why}" for s in layout.strangers())
+            taken = ingest(layout, hub, stop)
+            strangers = tuple(s.why for s in layout.strangers())
         except BaseException:
             hub.close()
             raise
-        return SyncSource(hub, (*sealing.set_aside, *taken.set_aside), (*strangers, *taken.left_out), taken.stopped)
+        return SyncSource(hub, refused=(*strangers, *older, *taken.left_out), stopped=taken.stopped)
 
     def records(
         self, run: str | None = None, writer: str | None = None, *, quarantined: bool = False
     ) -> Iterator[Record]:
-        """The records this host can see: the hub's, then what the hub lacks of each shard it may read.
+        """The records this host can see, each once: the hub's, then what the hub lacks of each shard.
 
-        With ``quarantined``, only those a sync quarantined (all in the hub).
+        The hub's place in every shard and its newest record are read in one
+        snapshot first, then the hub in short reads: a sync committing
+        meanwhile changes nothing of what is read, and a slow reader never
+        holds the hub. With ``quarantined``, only those a sync quarantined
+        (all in the hub).
         """
         layout = self.layout
         hub = self.open_store("read")
         try:
+            view = hub_view(hub)
             if hub is not None:
-                yield from hub.read(run=run, writer=writer, quarantined=quarantined)
+                yield from hub.read(run=run, writer=writer, quarantined=quarantined, up_to=view.top)
             if quarantined:
                 return
-            for shard in layout.readable_shards(host_name()):
-                if shard.format == "log":
-                    yield from records_not_in_hub(layout, hub, shard, run, writer)
-                    continue
-                cursors = _cursors(hub, shard)
-                with _reader(layout, shard) as reader:
-                    found = reader.writers()
-                    after = {w.id: cursors.get((w.run, w.name), 0) for w in found.values()}
-                    for chunk in reader.records_after(after):
-                        for _, w, step, wall_time, metrics in chunk:
-                            owner = found[w]
-                            if run in (None, owner.run) and writer in (None, owner.name):
-                                values = stored_metrics(metrics, owner.name, step, None, str(shard.path))
-                                yield Record(owner.run, owner.name, step, wall_time, values)
+            for shard in layout.shards():  # ingested ones too: one taken in after the view is not in it
+                yield from records_not_in_hub(layout, view, shard, run, writer)
         finally:
             if hub is not None:
                 hub.close()
 
     def backlog(self) -> list[Backlog]:
-        """Each shard not yet ingested, with how many of its records the hub lacks. Reads only."""
-        host = host_name()
+        """Each shard not yet ingested, with how many of its records the hub lacks, and each older walbuf's shard
+        not yet taken in. Reads only."""
         hub = self.open_store("read")
         try:
+            view = hub_view(hub)
             out = []
-            for shard in self.layout.shards():
+            scan = self.layout.scan()
+            for shard in scan.shards:
                 if shard.state == "ingested":
                     continue
-                if shard.format == "sqlite" and shard.state == "live" and shard.host != host:
-                    out.append(_backlog(shard, None))
-                    continue
                 try:
-                    missing = self.not_in_hub(shard, hub)
+                    missing = sum(1 for _ in records_not_in_hub(self.layout, view, shard))
                 except ShardGone:
                     continue  # sealed since the listing: the next look counts it
                 except ShardError as exc:
                     out.append(_backlog(shard, None, str(exc)))
                     continue
-                refused = cursor_of(hub, shard.id).refused if shard.format == "log" else None
-                if missing or refused or shard.state != "sealed" or shard.format == "sqlite":
+                cursor = view.cursor(shard.id)
+                refused = cursor.refused
+                if refused is None and shard.state == "sealed" and cursor.gaps:
+                    refused = damage_note(cursor.gaps)
+                if missing or refused or cursor.gaps or shard.state != "sealed":
                     out.append(_backlog(shard, missing, refused))
+            host = host_name()
+            for older in scan.older:
+                if older.state in ("live", "sealed"):
+                    why = remaining_message(older, host) if older.state == "live" else problem(self.layout, older)
+                    out.append(Backlog(older.id, older.host, older.state == "live", older.gen / 1e9, None, why))
             return out
         finally:
             if hub is not None:
                 hub.close()
 
-    def set_aside(self) -> list[tuple[str, str]]:
-        """(shard id, why) of each shard a sync set aside in quarantine/, oldest first. Reads only."""
-        return [(path.stem, why) for path, why in self.layout.quarantined()]
+    def damaged(self) -> list[tuple[str, str]]:
+        """(name, why) of each part a person must look at: an older walbuf's shard it set aside in quarantine/.
+        Reads only."""
+        layout = self.layout
+        return [(o.id, describe(layout.owner, o)) for o in layout.scan().older if o.state == "quarantine"]
 
     def not_opened(self) -> list[str]:
         """Why walbuf does not open each thing in the buffer it does not trust or name, a message each. Reads only."""
@@ -216,10 +221,10 @@ class DirectoryBuffer:
 
     def all_in_store(self) -> bool:
         """Whether the store a sync uploads from (the hub) holds every record there is: no shard holds more than it,
-        none was set aside, and nothing walbuf does not open lies there. Reads only."""
+        no older walbuf's shard waits, and nothing walbuf does not open lies there. Reads only."""
         layout = self.layout
         scan = layout.scan()
-        if scan.strangers or layout.quarantined():
+        if scan.strangers or any(o.state != "ingested" for o in scan.older):
             return False
         waiting = [s for s in scan.shards if s.state != "ingested"]
         if not waiting:
@@ -228,43 +233,40 @@ class DirectoryBuffer:
         if hub is None:
             return False
         with hub:
+            view = hub_view(hub)
             try:
-                return all(s.format == "log" and not frames_not_in_hub(layout, hub, s) for s in waiting)
+                return not any(frames_not_in_hub(layout, view, s) for s in waiting)
             except (ShardGone, ShardError):
                 return False  # moved meanwhile, or refused: not all there
-
-    def not_in_hub(self, shard: Shard, hub: Storage | None) -> int:
-        """How many of a shard's records ``hub`` (this buffer's, open; None: not made yet) lacks.
-
-        Raises BadFrame (a ShardError) for a log shard that holds a
-        frame walbuf would not write before its end, ShardGone for one that
-        moved since it was listed.
-        """
-        if shard.format == "log":
-            return sum(1 for r in records_not_in_hub(self.layout, hub, shard, None, None))
-        with ShardReader.of(self.layout, shard) as reader:
-            return pending_in(reader, _cursors(hub, shard))
 
     def remove_ingested(self, older_than: float, hub: Storage | None) -> tuple[int, list[str]]:
         """Delete the ingested shards sealed more than ``older_than`` seconds ago whose records ``hub`` holds.
 
-        Also the sealed log shards of processes that died (no END frame) that
-        the hub holds whole. Checked again here, before anything is deleted:
-        a shard the hub lacks records of goes back to sealed/ (the next sync
-        takes it in), and one that cannot be read is kept. Returns how many
-        were deleted, and a message for each one that was not.
+        Also the sealed shards of processes that died (no END frame) that
+        the hub holds whole, and an older walbuf's ingested shards. Checked
+        again here, before anything is deleted: a shard the hub lacks
+        records of goes back to sealed/ (the next sync takes them in), and
+        one that cannot be read is kept. The gaps of an ingested shard (a
+        person gave them up, docs/directory-buffers.md) go with it. Returns
+        how many were deleted, and a message for each one that was not.
         """
         layout = self.layout
         layout.own()
         cutoff = time.time() - older_than
         removed, kept = 0, []
-        ended = [s for s in layout.shards("sealed") if s.format == "log"]
-        for shard in [*layout.shards("ingested"), *ended]:
+        scan = layout.scan()
+        for older in scan.older:
+            if older.state == "ingested" and os.lstat(older.path).st_mtime < cutoff:
+                older.path.unlink()  # an older walbuf's, taken in whole (walbuf.directory.upgrade)
+                removed += 1
+        view = hub_view(hub)
+        ended = [s for s in scan.shards if s.state == "sealed"]
+        for shard in [*(s for s in scan.shards if s.state == "ingested"), *ended]:
             # A shard is last written when sealed: its records are older.
             if os.lstat(shard.path).st_mtime >= cutoff:
                 continue
             try:
-                covered = hub is not None and self._whole_in_hub(shard, hub)
+                covered = hub is not None and _whole_in_hub(layout, view, shard)
             except StorageError as exc:
                 kept.append(f"{shard.state} shard {shard.id} was kept: {exc}")
                 continue
@@ -278,12 +280,6 @@ class DirectoryBuffer:
                     " and the next sync takes them in"
                 )
         return removed, kept
-
-    def _whole_in_hub(self, shard: Shard, hub: Storage) -> bool:
-        if shard.format == "sqlite":
-            return in_hub(self.layout, hub, shard)
-        cursor = cursor_of(hub, shard.id)
-        return cursor.ended or not frames_not_in_hub(self.layout, hub, shard)
 
     def size(self) -> int:
         """Bytes of every file in the buffer (links are not followed)."""
@@ -302,19 +298,12 @@ class DirectoryBuffer:
         return Hold(process_shard(self.layout, host_name()))
 
 
-def _reader(layout: Layout, shard: Shard) -> ShardReader:
-    """A reader of ``shard``; of its sealed self if it was sealed since it was listed live."""
-    try:
-        return ShardReader.of(layout, shard)
-    except ShardGone:
-        sealed = layout.sealed_as(shard)
-        if sealed is None:
-            raise
-        return ShardReader.of(layout, sealed)
-
-
-def _cursors(hub: Storage | None, shard: Shard) -> dict[tuple[str, str], int]:
-    return hub_cursors(hub, shard.id) if hub is not None else {}
+def _whole_in_hub(layout: Layout, view: HubView, shard: Shard) -> bool:
+    """Whether the hub holds every whole frame of a sealed or ingested shard (an ingested one's gaps given up)."""
+    cursor = view.cursor(shard.id)
+    if cursor.gaps and shard.state != "ingested":
+        return False
+    return cursor.ended or not frames_past(layout, view, shard)
 
 
 def check_directory(root: Path, *, create: bool) -> None:

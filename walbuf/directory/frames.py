@@ -15,9 +15,14 @@ A frame::
 
 The CRC covers the kind byte and the body, so a frame is taken only whole
 and as written: one cut off by a crash or still being written, a page of
-zeros, or bytes of another frame fail it. Reading stops at the first frame
-that fails; whether anything whole follows it tells a cut-off end (a write
-under way, or the writer killed mid-write) from damage.
+zeros, or bytes of another frame fail it. Where bytes hold no whole frame
+and a whole frame follows them, the reader says so (:class:`Unread`) and
+goes on from that frame, as LevelDB's log reader resynchronises: such bytes
+are a page that never reached the disk before a crash (later ones did), or
+a page a client's cache holds stale, which a later read may get right; so
+a reader keeps their place and reads them again, never passing them for
+good. Where nothing whole follows, reading stops there: a write under way,
+or a writer killed mid-write.
 """
 
 from __future__ import annotations
@@ -128,27 +133,63 @@ class Frame:
 
 
 Stop = Literal["end", "cut off", "damaged"]
-"""Why reading stopped: at the end of the file after a whole frame; at a frame
-cut off (the start of a frame, or zeros, with nothing whole after it: a write
-under way, a writer killed mid-write, or pages a reader cached before the
-last append); at anything else (an unreadable frame with a whole frame
-after it, or bytes that cannot start a frame)."""
+"""Why reading stopped: at the end of the file (or of the range read) after a
+whole frame; at bytes with nothing whole after them that a frame being
+written could be (the start of a frame, or zeros: a write under way, a
+writer killed mid-write, or pages a reader cached before the last append);
+at bytes with nothing whole after them that no frame starts with ("damaged")."""
+
+
+@dataclass(frozen=True)
+class Unread:
+    """Bytes ``start`` to ``end`` (exclusive) that hold no whole frame, with a whole frame at ``end``."""
+
+    start: int
+    end: int
 
 
 class FrameReader:
-    """Reads the whole frames of a file from ``offset`` on; never writes.
+    """Reads the whole frames of a file from ``offset`` on (up to ``end``, if given); never writes.
 
-    Iterate for the frames; afterwards :attr:`offset` is where the next
-    unread frame starts and :attr:`stop` says why reading ended there.
-    ``fd`` stays the caller's (not closed here).
+    Iterate for the frames, and an :class:`Unread` for each run of bytes that
+    holds no whole frame but is followed by one (reading goes on from that
+    frame). Afterwards :attr:`offset` is where the next unread frame starts
+    and :attr:`stop` says why reading ended there. With ``end``, only frames
+    that end by ``end`` are read, and bytes before ``end`` that hold none are
+    Unread: the range is read whole. ``fd`` stays the caller's (not closed
+    here).
     """
 
-    def __init__(self, fd: int, offset: int = 0) -> None:
+    def __init__(self, fd: int, offset: int = 0, end: int | None = None) -> None:
         self._fd = fd
+        self._end = end
         self.offset = offset
         self.stop: Stop = "end"
 
-    def __iter__(self) -> Iterator[Frame]:
+    def __iter__(self) -> Iterator[Frame | Unread]:
+        while True:
+            yield from self._run()
+            if self._end is not None and self.offset >= self._end:
+                return
+            limit = self._end if self._end is not None else os.fstat(self._fd).st_size
+            if self.offset >= limit:
+                return
+            if _whole_frame_at(self._fd, self.offset, limit):
+                continue  # the frame there was being written, and is whole now
+            found = _next_whole(self._fd, self.offset, limit)
+            if found is None:
+                if self._end is not None:
+                    yield Unread(self.offset, self._end)
+                    self.offset, self.stop = self._end, "end"
+                else:
+                    self.stop = self._why_unreadable()
+                return
+            yield Unread(self.offset, found)
+            self.offset = found
+            self.stop = "end"
+
+    def _run(self) -> Iterator[Frame]:
+        """The whole frames from :attr:`offset` on, up to bytes that hold none (or the end); sets :attr:`stop`."""
         buffer = b""
         start = self.offset  # the file offset of buffer[0]
         at_eof = False
@@ -159,43 +200,55 @@ class FrameReader:
             if len(head) == HEAD_SIZE:
                 magic, kind, zero, length, crc = _HEAD.unpack(head)
                 if magic != MAGIC or kind not in KINDS or zero or length > MAX_BODY:
-                    self.stop = self._why_unreadable()
+                    self.stop = "cut off"
                     return
                 need = HEAD_SIZE + length
+                if self._end is not None and self.offset + need > self._end:
+                    self.stop = "cut off"
+                    return
                 if len(buffer) - pos >= need:
                     body = buffer[pos + HEAD_SIZE : pos + need]
                     if zlib.crc32(body, zlib.crc32(bytes((kind,)))) != crc:
-                        self.stop = self._why_unreadable()
+                        self.stop = "cut off"
                         return
                     yield Frame(self.offset, self.offset + need, kind, body)
                     self.offset += need
                     continue
-            if at_eof:
-                self.stop = "end" if pos == len(buffer) else self._why_unreadable()
+            if at_eof or (self._end is not None and self.offset >= self._end):
+                self.stop = "end" if pos == len(buffer) else "cut off"
                 return
             # Keep what is not read yet, and read on.
             buffer = buffer[pos:]
             start = self.offset
-            more = os.pread(self._fd, max(_READ_CHUNK, need - len(buffer)), start + len(buffer))
+            size = max(_READ_CHUNK, need - len(buffer))
+            if self._end is not None:
+                size = min(size, self._end - start - len(buffer))
+            more = os.pread(self._fd, size, start + len(buffer)) if size > 0 else b""
             at_eof = not more
             buffer += more
 
     def _why_unreadable(self) -> Stop:
-        """Of the bytes from :attr:`offset` on, where no whole frame starts: "cut off" or "damaged" (see Stop)."""
+        """Of the bytes from :attr:`offset` to the end, which hold no whole frame: "cut off" or "damaged" (see Stop)."""
         start = os.pread(self._fd, len(MAGIC), self.offset)
-        if not MAGIC.startswith(start) and not _zeros_from(self._fd, self.offset):
-            return "damaged"  # neither the start of a frame nor zeros
-        size = os.fstat(self._fd).st_size
-        position = self.offset + 1
-        while position < size:
-            data = os.pread(self._fd, _READ_CHUNK + HEAD_SIZE, position)
-            found = data.find(MAGIC)
-            while found >= 0:
-                if _whole_frame_at(self._fd, position + found):
-                    return "damaged"
-                found = data.find(MAGIC, found + 1)
-            position += _READ_CHUNK
-        return "cut off"
+        if MAGIC.startswith(start) or _zeros_from(self._fd, self.offset):
+            return "cut off"
+        return "damaged"
+
+
+def _next_whole(fd: int, offset: int, limit: int) -> int | None:
+    """Where the first whole frame after ``offset`` that ends by ``limit`` starts; None if there is none."""
+    position = offset + 1
+    while position < limit:
+        data = os.pread(fd, min(_READ_CHUNK + HEAD_SIZE, limit - position), position)
+        if not data:
+            return None
+        found = data.find(MAGIC)
+        while found >= 0:
+            if _whole_frame_at(fd, position + found, limit):
+                return position + found
+            found = data.find(MAGIC, found + 1)
+        position += _READ_CHUNK
+    return None
 
 
 def _zeros_from(fd: int, offset: int) -> bool:
@@ -207,12 +260,12 @@ def _zeros_from(fd: int, offset: int) -> bool:
     return True
 
 
-def _whole_frame_at(fd: int, offset: int) -> bool:
+def _whole_frame_at(fd: int, offset: int, limit: int) -> bool:
     head = os.pread(fd, HEAD_SIZE, offset)
     if len(head) < HEAD_SIZE:
         return False
     magic, kind, zero, length, crc = _HEAD.unpack(head)
-    if magic != MAGIC or kind not in KINDS or zero or length > MAX_BODY:
+    if magic != MAGIC or kind not in KINDS or zero or length > MAX_BODY or offset + HEAD_SIZE + length > limit:
         return False
     body = os.pread(fd, length, offset + HEAD_SIZE)
     return len(body) == length and zlib.crc32(body, zlib.crc32(bytes((kind,)))) == int(crc)

@@ -9,22 +9,31 @@ machine's boot id, its PID namespace, its pid and the process's start time.
 
 - On the same machine (same boot id and PID namespace) the answer is sure:
   the process runs if a process of that pid started at that time does.
-- Elsewhere it is judged by time: a process that appended nothing, not even
-  the heartbeat it appends while idle (every HEARTBEAT seconds), for
-  :func:`silent_after` seconds (``WALBUF_DEAD_AFTER``, default 600) by this
-  machine's clock is taken for dead. A judgement, never acted on by writing:
-  nothing of another machine's shard is ever changed (docs/directory-buffers.md),
-  it only decides whether a run's job may still log.
+  A machine that booted again is sure too: none of its processes runs.
+  A machine is its machine id and its host name together: stateless
+  cluster images boot one /etc/machine-id on every node.
+- Elsewhere it is judged by time, by one clock, the file server's: a
+  process whose shard it last saw appended to (its mtime: every append,
+  and the heartbeat a process appends while idle, every HEARTBEAT seconds)
+  :func:`silent_after` seconds (``WALBUF_DEAD_AFTER``, default 600) before
+  it (as a file the sync writes says: :func:`server_time`) is taken for
+  dead. No host's clock is compared with another's. A judgement, never
+  acted on by writing: nothing of another machine's shard is ever changed
+  (docs/directory-buffers.md), it only decides whether a run's job may
+  still log.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from ..arguments import env_seconds
 from ..store import machine
+from ..store.trust import Owner
 
 ENV_DEAD_AFTER = "WALBUF_DEAD_AFTER"
 DEFAULT_DEAD_AFTER = 600.0
@@ -41,13 +50,20 @@ class Process:
     pidns: str  # its PID namespace (/proc/self/ns/pid), as containers on one machine have their own
     pid: int
     start: int  # its start time, in clock ticks since boot (/proc/PID/stat): a reused pid has another
+    node: str = ""  # its machine's host name (uname), with the machine id naming the machine; "" if not known
 
     @classmethod
     def this(cls, host: str) -> Process:
         """This process."""
         pid = os.getpid()
         return cls(
-            host, machine.machine_id(), machine.boot_id(), machine.pid_namespace(), pid, machine.started(pid) or 0
+            host,
+            machine.machine_id(),
+            machine.boot_id(),
+            machine.pid_namespace(),
+            pid,
+            machine.started(pid) or 0,
+            machine.node(),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -56,9 +72,10 @@ class Process:
     @classmethod
     def from_json(cls, value: object) -> Process:
         """ValueError unless ``value`` is a Process's JSON as walbuf writes it."""
-        if not isinstance(value, dict) or set(value) != {"host", "machine", "boot", "pidns", "pid", "start"}:
+        keys = {"host", "machine", "boot", "pidns", "pid", "start"}
+        if not isinstance(value, dict) or set(value) not in (keys, keys | {"node"}):  # an older walbuf's: no node
             raise ValueError("not a process's description")
-        texts = (value["host"], value["machine"], value["boot"], value["pidns"])
+        texts = (value["host"], value["machine"], value["boot"], value["pidns"], value.get("node", ""))
         numbers = (value["pid"], value["start"])
         if not all(type(v) is str for v in texts) or not all(type(v) is int and v >= 0 for v in numbers):
             raise ValueError("a process's description of wrong types")
@@ -73,8 +90,10 @@ class Process:
         return bool(self.boot) and (self.machine, self.boot) == (machine.machine_id(), machine.boot_id())
 
     def ended_by_boot(self) -> bool:
-        """Whether its machine is this one, booted since: it ended for sure (a reboot ends every process)."""
-        return bool(self.machine) and self.machine == machine.machine_id() and self.boot != machine.boot_id()
+        """Whether its machine is this one (machine id and host name), booted since: it ended for sure (a reboot
+        ends every process). Never for a process whose host name is not known (an older walbuf's shard)."""
+        same = bool(self.machine and self.node) and (self.machine, self.node) == (machine.machine_id(), machine.node())
+        return same and self.boot != machine.boot_id()
 
     def running(self) -> bool | None:
         """Whether it runs now (a zombie counts as ended); None where this process cannot tell (another machine)."""
@@ -97,9 +116,31 @@ def silent_after() -> float:
 
 
 def judged_running(process: Process, last_seen: float, now: float) -> bool:
-    """Whether ``process`` runs: for sure on this machine, else by whether it was heard of (``last_seen``, its last
-    frame's time) within :func:`silent_after` seconds of ``now``."""
+    """Whether ``process`` runs: for sure on this machine, else by whether it was heard of (``last_seen``, its
+    shard's mtime) within :func:`silent_after` seconds of ``now`` (by the same clock: see :func:`server_time`)."""
     running = process.running()
     if running is not None:
         return running
     return now - last_seen < silent_after()
+
+
+CLOCK = "clock"  # in a buffer's locks/: the file whose mtime tells the file server's time (server_time)
+
+
+def server_time(locks: Path, owner: Owner) -> float:
+    """The file server's time now, as the mtime it gives a write to ``locks/clock``; this host's clock where this
+    process may not write there (a reader of another account's buffer: its judgements are by this host's clock).
+
+    Every shard's mtime is the file server's time of its last append: a
+    process's silence is measured against this, never against this host's
+    clock (hosts' clocks differ; a process heard of "in the future" would
+    never be taken for dead, one behind would be at once).
+    """
+    if owner.uid != os.geteuid():
+        return time.time()
+    fd = owner.open(locks / CLOCK, os.O_WRONLY | os.O_TRUNC, create=True, private=True)
+    try:
+        os.write(fd, b"t")
+        return os.fstat(fd).st_mtime
+    finally:
+        os.close(fd)

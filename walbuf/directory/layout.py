@@ -5,22 +5,21 @@
       live/HOST/GEN.log    the shard a process of HOST appends to (walbuf.directory.frames)
       sealed/HOST.GEN.log  a shard its process is done with (or that died on the machine of a sync)
       ingested/...         sealed shards whose records the hub holds (prune removes them)
-      quarantine/...       SQLite shards a sync set aside (damaged, or refused), each with
-                           HOST.GEN.db.why saying why: a person looks (see walbuf doctor)
       hub.db               what `walbuf sync` uploads from (rollback journal)
       sync-host            the one host that syncs it, where locks do not span hosts
       locks/               writer ids and the syncer; room kept for a sync (walbuf.store.space)
 
 GEN is the shard's creation time in nanoseconds, HOST a name of letters,
-digits, ".", "_" and "-". Shards named .db (live/HOST/GEN.db, sealed and
-ingested HOST.GEN.db) are SQLite files an older walbuf wrote; they are still
-read, and sealed on their own host.
+digits, ".", "_" and "-". An older walbuf wrote SQLite shards (live/HOST/GEN.db
+with its -wal, -shm and .inuse, sealed/ and ingested/ HOST.GEN.db, and
+quarantine/): a listing names them apart (:class:`Older`), and
+walbuf.directory.upgrade takes them in once.
 
 Everything in a buffer is walbuf's, and belongs to the buffer's owner (see
 walbuf.store.trust). A listing (:meth:`Layout.scan`) sorts what a folder
-holds into shards, which walbuf may open, and :class:`Stranger` entries,
-which it never opens: a name walbuf does not give there, a symbolic link, a
-file of another account (or a shard one of whose -wal, -shm or -journal is).
+holds into shards, which walbuf may open, an older walbuf's files, and
+:class:`Stranger` entries, which it never opens: a name walbuf does not give
+there, a symbolic link, a file of another account.
 """
 
 from __future__ import annotations
@@ -28,8 +27,6 @@ from __future__ import annotations
 import os
 import re
 import socket
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -37,8 +34,6 @@ from typing import Literal
 
 from ..arguments import env_seconds
 from ..errors import ConfigError, UntrustedPathError
-from ..store.backend import holding
-from ..store.flock import FileLock
 from ..store.space import RESERVE_NAME
 from ..store.sqlite import SQLiteBackend
 from ..store.trust import Owner, make_folders, shown
@@ -46,8 +41,6 @@ from ..store.trust import Owner, make_folders, shown
 ENV_HOST = "WALBUF_HOST"
 ENV_ROTATE = "WALBUF_ROTATE_SECONDS"
 DEFAULT_ROTATE_SECONDS = 300.0
-ROTATE_WAIT = 60.0  # seconds a process waits for its host's rotate.lock before it says who holds it
-WHY_LIMIT = 4096  # bytes of a quarantined shard's note that are read
 
 MARKER = "walbuf.buffer"
 MARKER_TEXT = "walbuf directory buffer, format 1\n"
@@ -57,12 +50,15 @@ _UNMARKED_LAYOUT = ("hub.db", "live", "sealed", "ingested")
 HOST = r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}"
 _HOST = re.compile(HOST)
 _GEN = r"\d{1,20}"
-_LIVE = re.compile(rf"({_GEN})\.(db|log)")
-_LIVE_COMPANION = re.compile(rf"({_GEN})\.db(-wal|-shm|-journal|\.inuse)")
-_FILED = re.compile(rf"({HOST})\.({_GEN})\.(db|log)")  # in sealed/, ingested/
-_QUARANTINED = re.compile(rf"({HOST})\.({_GEN})\.db")
-_QUARANTINE_COMPANION = re.compile(rf"({HOST})\.({_GEN})\.db(-wal|-shm|\.why)")
-_LOCK = re.compile(rf"(?:sync|migrate|writer-[0-9a-f]{{24}})\.lock|{RESERVE_NAME}")
+_LIVE = re.compile(rf"({_GEN})\.log")
+_FILED = re.compile(rf"({HOST})\.({_GEN})\.log")  # in sealed/, ingested/
+# An older walbuf's SQLite shards (walbuf.directory.upgrade), and what it kept beside them.
+_OLDER_LIVE = re.compile(rf"({_GEN})\.db")
+_OLDER_LIVE_COMPANION = re.compile(rf"({_GEN})\.db(-wal|-shm|-journal|\.inuse)")
+_OLDER_FILED = re.compile(rf"({HOST})\.({_GEN})\.db")  # in sealed/, ingested/, quarantine/
+_OLDER_QUARANTINED = re.compile(rf"({HOST})\.({_GEN})\.db(-wal|-shm|\.why)")
+_OLDER_ROTATE_LOCK = "rotate.lock"  # in live/HOST/
+_LOCK = re.compile(rf"(?:sync|migrate|writer-[0-9a-f]{{24}})\.lock|{RESERVE_NAME}|upgrade\.part|clock")
 _ROOT = frozenset(
     {
         MARKER,
@@ -72,7 +68,7 @@ _ROOT = frozenset(
         "live",
         "sealed",
         "ingested",
-        "quarantine",
+        "quarantine",  # an older walbuf's
         "locks",
         "sync-host",  # walbuf.directory.sync_host
         "sync-host.new",
@@ -83,7 +79,7 @@ _ROOT = frozenset(
 _REMOVED_WHILE_OPEN = re.compile(r"\.nfs[0-9A-Fa-f]+|\.fuse_hidden[0-9A-Fa-f]+")
 
 ShardState = Literal["live", "sealed", "ingested"]
-ShardFormat = Literal["log", "sqlite"]
+OlderState = Literal["live", "sealed", "ingested", "quarantine"]
 
 
 def host_name() -> str:
@@ -113,17 +109,26 @@ class Shard:
 
     @property
     def id(self) -> str:
-        """Stable across sealing: the hub's ingest cursors are keyed by it."""
+        """Stable across sealing: the hub's cursors are keyed by it."""
         return f"{self.host}.{self.gen}"
 
-    @property
-    def format(self) -> ShardFormat:
-        """ "log": frames appended by one process (walbuf.directory.frames); "sqlite": an older walbuf's database."""
-        return "log" if self.path.suffix == ".log" else "sqlite"
-
     def filed(self, folder: Path) -> Path:
-        """Its path in sealed/, ingested/ or quarantine/ (``folder``)."""
-        return folder / f"{self.id}{self.path.suffix}"
+        """Its path in sealed/ or ingested/ (``folder``)."""
+        return folder / f"{self.id}.log"
+
+
+@dataclass(frozen=True)
+class Older:
+    """A SQLite shard an older walbuf wrote (see walbuf.directory.upgrade); its companions are the owner's files."""
+
+    host: str
+    gen: int
+    path: Path
+    state: OlderState
+
+    @property
+    def id(self) -> str:
+        return f"{self.host}.{self.gen}"
 
 
 @dataclass(frozen=True)
@@ -136,9 +141,11 @@ class Stranger:
 
 @dataclass
 class Scan:
-    """What a listing of a buffer's folders found: its shards (oldest first), and what walbuf does not open."""
+    """What a listing of a buffer's folders found: its shards (oldest first), an older walbuf's, and what walbuf
+    does not open."""
 
     shards: list[Shard] = field(default_factory=list)
+    older: list[Older] = field(default_factory=list)
     strangers: list[Stranger] = field(default_factory=list)
 
 
@@ -175,7 +182,7 @@ class Layout:
         if not os.path.lexists(self.root):
             make_folders(self.root)
         owner = self.own()
-        # Lock files live in locks/ and live/HOST/: those stay owner-only.
+        # Lock files live in locks/: it stays owner-only, and so does live/.
         for folder in (self.locks, self.root / "live"):
             owner.folder(folder, make=True, private=True)
         for folder in (self.sealed, self.ingested):
@@ -188,7 +195,8 @@ class Layout:
         return owner
 
     def scan(self, state: ShardState | None = None, host: str | None = None) -> Scan:
-        """The shards (of one state / host if given), and what the folders listed hold that walbuf does not open.
+        """The shards (of one state / host if given), an older walbuf's, and what the folders listed hold that walbuf
+        does not open.
 
         Listing reads names and lstat()s what it finds; it opens nothing.
         Raises UntrustedPathError if one of the buffer's own folders (live/,
@@ -208,7 +216,10 @@ class Layout:
         for kind, folder in kinds:
             if state in (None, kind) and self.owner.folder(folder):
                 self._scan_filed(found, kind, folder, host)
+        if state is None and self.owner.folder(self.quarantine):
+            self._scan_quarantine(found, host)
         found.shards.sort(key=lambda s: (s.gen, s.host))
+        found.older.sort(key=lambda s: (s.gen, s.host))
         return found
 
     def shards(self, state: ShardState | None = None, host: str | None = None) -> list[Shard]:
@@ -216,7 +227,7 @@ class Layout:
         return self.scan(state, host).shards
 
     def strangers(self) -> list[Stranger]:
-        """Everything in the buffer that walbuf does not open: in its root, shard folders, quarantine/ and locks/."""
+        """Everything in the buffer that walbuf does not open: in its root, shard folders and locks/."""
         found = self.scan().strangers
         for name, path in _names(self.root):
             if name not in _ROOT:
@@ -224,83 +235,19 @@ class Layout:
         if self.owner.folder(self.locks):
             for name, path in self._private_names(self.locks):
                 self._check(found, path, _LOCK.fullmatch(name) is not None)
-        self.quarantined(found)
         return sorted(found, key=lambda s: str(s.path))
 
-    def quarantined(self, strangers: list[Stranger] | None = None) -> list[tuple[Path, str]]:
-        """The shards a sync set aside in quarantine/, each with why, oldest first.
-
-        What is there but not trusted is added to ``strangers``.
-        """
-        if not self.owner.folder(self.quarantine):
-            return []
-        shards, notes = [], {}
-        for name, path in _names(self.quarantine):
-            match, companion = _QUARANTINED.fullmatch(name), _QUARANTINE_COMPANION.fullmatch(name)
-            trusted = self._check(strangers, path, match is not None or companion is not None)
-            if match and trusted:
-                shards.append((int(match[2]), path))
-            elif companion and trusted and companion[3] == ".why":
-                notes[name[: -len(".why")]] = path
-        out = []
-        for _, path in sorted(shards):
-            note = notes.get(path.name)
-            text = self.owner.read(note, WHY_LIMIT) if note is not None else None
-            out.append((path, text.decode("utf-8", "replace").strip() if text else "no reason was noted"))
-        return out
-
-    def set_aside(self, shard: Shard, why: str) -> str:
-        """Move a shard nobody uses into quarantine/ with a note of why; a message that says so."""
-        owner = self.own()
-        owner.folder(self.quarantine, make=True)
-        target = self.quarantine / f"{shard.id}.db"
-        owner.entry(target)  # one there before is replaced, if it is the owner's own
-        owner.create(target.with_name(target.name + ".why"), (why + "\n").encode())
-        # Renames never follow a link; both folders are the owner's.
-        os.replace(shard.path, target)
-        for suffix in ("-wal", "-shm"):
-            if owner.entry(Path(f"{shard.path}{suffix}")) is not None:
-                os.replace(f"{shard.path}{suffix}", f"{target}{suffix}")
-        return (
-            f"shard {shard.id} was moved to {target} ({why}): its records are not sent; `walbuf doctor` says what to do"
-        )
-
     def sealed_as(self, shard: Shard) -> Shard | None:
-        """The sealed shard a live one became (its writers let go since it was listed), if it did; None for any
+        """The sealed shard a live one became (its process sealed it since it was listed), if it did; None for any
         other."""
         if shard.state != "live":
             return None
-        return next(
-            (s for s in self.shards("sealed", shard.host) if s.id == shard.id and s.format == shard.format), None
-        )
+        return next((s for s in self.shards("sealed", shard.host) if s.id == shard.id), None)
 
-    def readable_shards(self, host: str) -> list[Shard]:
-        """The shards ``host`` may read, oldest first: every sealed one, every live log (appended only, so any host
-        reads it as it grows), and its own live SQLite shards (an older walbuf's, in WAL mode)."""
-        return [
-            shard
-            for shard in self.shards()
-            if shard.state == "sealed" or (shard.state == "live" and (shard.format == "log" or shard.host == host))
-        ]
-
-    @contextmanager
-    def rotate_lock(self, host: str) -> Iterator[None]:
-        """Hold ``host``'s rotate.lock: choosing a shard and sealing one take turns on it.
-
-        Waits up to ROTATE_WAIT seconds, then raises BufferBusyError naming
-        the lock: a process that holds it longer hangs.
-        """
-        owner = self.own()
-        owner.folder(self.root / "live", make=True, private=True)
-        owner.folder(self.live(host), make=True, private=True)
-        lock = FileLock(self.live(host) / "rotate.lock", owner)
-        waiting = f"{lock.path}: another process is choosing or sealing a shard of {host}"
-        busy = (
-            f"{lock.path} stayed held for {ROTATE_WAIT:g}s: a process that chooses or seals a shard of"
-            f" host {host} does not let go; find it with `fuser {lock.path}` on {host}"
-        )
-        with holding(lock, ROTATE_WAIT, waiting, busy):
-            yield
+    def moved(self, shard: Shard) -> Shard | None:
+        """Where a shard is now that is no longer where it was listed: sealed or ingested since; None if gone."""
+        later = ("sealed", "ingested") if shard.state == "live" else ("ingested",)
+        return next((s for s in self.shards(host=shard.host) if s.id == shard.id and s.state in later), None)
 
     def _private_names(self, folder: Path) -> list[tuple[str, Path]]:
         """The names in one of the owner-only folders (live/, live/HOST/, locks/): none for another account.
@@ -322,24 +269,33 @@ class Layout:
         except UntrustedPathError as exc:
             found.strangers.append(Stranger(folder, str(exc)))
             return
-        shards: list[Shard] = []
-        refused: dict[int, Path] = {}  # an older walbuf's SQLite shard by its GEN -> a companion not trusted
+        older: dict[int, Path] = {}
+        refused: dict[int, Path] = {}  # an older shard's GEN -> a companion of it that is not trusted
         companions: dict[int, Path] = {}
         for name, path in self._private_names(folder):
-            shard, companion = _LIVE.fullmatch(name), _LIVE_COMPANION.fullmatch(name)
-            if name == "rotate.lock":
-                self._check(found.strangers, path, True)
-            elif not self._check(found.strangers, path, bool(shard or companion)):
+            shard, old, companion = (
+                _LIVE.fullmatch(name),
+                _OLDER_LIVE.fullmatch(name),
+                _OLDER_LIVE_COMPANION.fullmatch(name),
+            )
+            known = bool(shard or old or companion) or name == _OLDER_ROTATE_LOCK
+            if not self._check(found.strangers, path, known):
                 if companion:
                     refused[int(companion[1])] = path
             elif shard:
-                shards.append(Shard(host, int(shard[1]), path, "live"))
+                found.shards.append(Shard(host, int(shard[1]), path, "live"))
+            elif old:
+                older[int(old[1])] = path
             elif companion and companion[2] in ("-wal", "-journal"):
                 companions[int(companion[1])] = path
-        self._keep(found, shards, refused)
-        databases = {s.gen for s in shards if s.format == "sqlite"}
+        for gen, path in older.items():
+            if gen in refused:
+                why = f"{path} is not opened, as its companion {shown(refused[gen])} is not trusted"
+                found.strangers.append(Stranger(path, why))
+            else:
+                found.older.append(Older(host, gen, path, "live"))
         for gen, path in companions.items():
-            if gen not in databases:
+            if gen not in older:
                 # What an older walbuf left where a sync of another host sealed a shard under its writers:
                 # records committed after that may be in it, and no sync reads them.
                 found.strangers.append(
@@ -353,23 +309,20 @@ class Layout:
 
     def _scan_filed(self, found: Scan, kind: ShardState, folder: Path, host: str | None) -> None:
         for name, path in _names(folder):
-            match = _FILED.fullmatch(name)
-            if self._check(found.strangers, path, match is not None) and match and host in (None, match[1]):
+            match, old = _FILED.fullmatch(name), _OLDER_FILED.fullmatch(name)
+            if not self._check(found.strangers, path, bool(match or old)):
+                continue
+            if match and host in (None, match[1]):
                 found.shards.append(Shard(match[1], int(match[2]), path, kind))
+            elif old and host in (None, old[1]):
+                found.older.append(Older(old[1], int(old[2]), path, kind))
 
-    def _keep(self, found: Scan, shards: list[Shard], refused: dict[int, Path]) -> None:
-        """Add ``shards`` to ``found``, but for SQLite ones one of whose companions is not trusted (SQLite would open
-        it)."""
-        for shard in shards:
-            if shard.format == "sqlite" and shard.gen in refused:
-                found.strangers.append(
-                    Stranger(
-                        shard.path,
-                        f"{shard.path} is not opened, as its companion {shown(refused[shard.gen])} is not trusted",
-                    )
-                )
-            else:
-                found.shards.append(shard)
+    def _scan_quarantine(self, found: Scan, host: str | None) -> None:
+        for name, path in _names(self.quarantine):
+            old = _OLDER_FILED.fullmatch(name)
+            known = bool(old or _OLDER_QUARANTINED.fullmatch(name))
+            if self._check(found.strangers, path, known) and old and host in (None, old[1]):
+                found.older.append(Older(old[1], int(old[2]), path, "quarantine"))
 
     def _check(self, strangers: list[Stranger] | None, path: Path, named: bool) -> bool:
         """Whether ``path`` is a trusted file of a name walbuf gives there; if not, a Stranger in ``strangers``."""

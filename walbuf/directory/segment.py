@@ -10,17 +10,24 @@ previous holder left beside its lock, else from every shard and the hub.
 from __future__ import annotations
 
 import logging
+import sqlite3
+import time
+from contextlib import closing
+from urllib.parse import quote
 
-from ..errors import StorageError
+from ..errors import BufferBusyError, NotABufferError, StorageError
 from ..store import Durability, Target
 from ..store.backend import WriterLock
 from ..store.claims import Claims, Conflict
+from ..store.schema import check_objects, foreign_objects
+from ..store.sqlite import failure, harden
 from ..store.storage import ConfigKind, writer_lock_name
 from .appender import ProcessShard, process_shard
-from .frames import WriterEntry
+from .frames import Unread, WriterEntry
 from .layout import Layout, hub_backend
-from .log_shard import Logged, LogShard, Opened
-from .shard import last_step
+from .shard import Logged, Opened, ShardReader
+
+HUB_WAIT = 60.0  # seconds a writer's start waits for a sync's transaction on the hub (see _hub_last_step)
 
 _log = logging.getLogger(__name__)
 
@@ -50,7 +57,7 @@ class ShardSegment:
     def last_step_before(self, run: str, writer: str, owner: WriterLock) -> int | None:
         if owner.noted_step is not None or not owner.opened_before:
             return owner.noted_step
-        return last_step_anywhere(self._layout, self._host, run, writer)
+        return last_step_anywhere(self._layout, run, writer)
 
     def claim(self, writer_pk: int, wanted: Claims) -> Conflict | None:
         return self._shard.claim(writer_pk, wanted)
@@ -98,24 +105,72 @@ class Hold:
         self._shard = None
 
 
-def last_step_anywhere(layout: Layout, host: str, run: str, writer: str) -> int | None:
-    """The last step ``writer`` of ``run`` logged in any shard this host may read or in the hub; None if none.
+def last_step_anywhere(layout: Layout, run: str, writer: str) -> int | None:
+    """The last step ``writer`` of ``run`` logged in any shard or in the hub; None if none.
 
     Read where the step its previous holder noted is not known (it died,
     or an older walbuf closed it): every shard is read whole.
     """
     steps = []
-    for shard in layout.readable_shards(host):
-        if shard.format != "log":
-            continue
-        with LogShard(layout, shard) as log:
+    for shard in layout.shards():
+        with ShardReader(layout, shard) as log:
             mine: set[int] = set()
-            for _, event in log.events(0, set()):
+            for item in log.events(0, set(), unread=True):
+                if isinstance(item, Unread):
+                    continue
+                event = item[1]
                 if isinstance(event, Opened) and (event.entry.run, event.entry.name) == (run, writer):
                     mine.add(event.local)
                 elif isinstance(event, Logged) and event.local in mine:
                     steps.append(event.step)
-    older = last_step(layout, host, run, writer, before=2**64)  # an older walbuf's shards of this host, and the hub
-    if older is not None:
-        steps.append(older)
+    hub = _hub_last_step(layout, run, writer)
+    if hub is not None:
+        steps.append(hub)
     return max(steps, default=None)
+
+
+def _hub_last_step(layout: Layout, run: str, writer: str) -> int | None:
+    """The writer's last step in the hub (of its newest record, or the last one pruned); None if it has none there.
+
+    Read-only, at any schema revision (a writer may start before the first
+    sync of this walbuf upgraded the hub). A sync's transaction under way on
+    the hub (on another host, whose lock this host may not see) is waited
+    out: read again until HUB_WAIT seconds have passed, then BufferBusyError.
+    """
+    if layout.owner.entry(layout.hub) is None:
+        return None
+    deadline = time.monotonic() + HUB_WAIT
+    pause = 0.01
+    while True:
+        try:
+            with closing(sqlite3.connect(f"file:{quote(str(layout.hub))}?mode=ro", uri=True)) as conn:
+                harden(conn)
+                conn.execute("BEGIN")
+                objects = conn.execute("SELECT type, name, tbl_name FROM sqlite_master").fetchall()
+                check_objects(foreign_objects(objects), str(layout.hub))
+                row = conn.execute(
+                    "SELECT w.id, w.pruned_step FROM writers w JOIN runs r ON r.id = w.run_id"
+                    " WHERE r.name = ? AND w.name = ?",
+                    (run, writer),
+                ).fetchone()
+                if row is None:
+                    return None
+                step = conn.execute(
+                    "SELECT step FROM records WHERE writer_id = ? ORDER BY id DESC LIMIT 1", (row[0],)
+                ).fetchone()
+            value = step[0] if step is not None else row[1]
+            return value if type(value) is int else None
+        except NotABufferError:
+            raise
+        except sqlite3.Error as exc:
+            if failure(exc) not in ("busy", "read-only", "corrupt"):
+                raise StorageError(f"{layout.hub} could not be read ({exc})") from exc
+            # A journal or pages of a transaction under way, on a host whose lock this one may not see.
+            if time.monotonic() >= deadline:
+                raise BufferBusyError(
+                    f"{layout.hub} could not be read whole for {HUB_WAIT:g}s ({exc}): a sync (maybe on another"
+                    " host) is writing it; retry once it has ended"
+                ) from exc
+            _log.info("waiting for a sync's transaction on %s to end", layout.hub)
+            time.sleep(pause)  # no event tells when another host's transaction ends: look again, less often
+            pause = min(pause * 2, 1.0)

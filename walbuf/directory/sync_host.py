@@ -13,8 +13,9 @@ hosts, could damage the hub. So there the first sync names its host in
 - without it, where the sync host's machine has booted again since (the
   same machine id, another boot id): none of its old processes runs.
 
-A host here is one client of the filesystem: a machine (machine id, boot
-id), its PID namespace, and the device its mount of the buffer has. Where
+A host here is one client of the filesystem: a machine (machine id and
+host name: stateless cluster images clone /etc/machine-id), its boot, its
+PID namespace, and the device its mount of the buffer has. Where
 the filesystem's locks span hosts, any host syncs and the sync lock alone
 keeps them to one at a time; the file is not used there.
 """
@@ -24,11 +25,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from ..errors import SyncHostError
 from ..store import machine
-from ..store.trust import fsync
+from ..store.trust import Owner, fsync
 from .layout import Layout, host_name
 from .mounts import coordination
 
@@ -47,16 +48,28 @@ class SyncHost:
     boot: str
     pidns: str
     device: int  # st_dev of the buffer's folder as this host mounts it
+    node: str = ""  # the machine's host name (uname); "" where an older walbuf named the host
 
     @classmethod
     def here(cls, layout: Layout) -> SyncHost:
         return cls(
-            host_name(), machine.machine_id(), machine.boot_id(), machine.pid_namespace(), os.stat(layout.root).st_dev
+            host_name(),
+            machine.machine_id(),
+            machine.boot_id(),
+            machine.pid_namespace(),
+            os.stat(layout.root).st_dev,
+            machine.node(),
         )
 
+    def names(self, here: SyncHost) -> bool:
+        """Whether this named host is ``here`` (an older walbuf's note, without a host name, by the rest)."""
+        return self == here or (not self.node and self == replace(here, node=""))
+
     def rebooted_as(self, other: SyncHost) -> bool:
-        """Whether ``other`` is this host's machine since a boot: none of this host's processes runs any more."""
-        return self.machine == other.machine and self.boot != other.boot
+        """Whether ``other`` is this host's machine (machine id and host name) since a boot: none of this host's
+        processes runs any more. Never where the host name is not known."""
+        same = bool(self.node) and (self.machine, self.node) == (other.machine, other.node)
+        return same and self.boot != other.boot
 
 
 def sync_host(layout: Layout) -> SyncHost | None:
@@ -85,7 +98,9 @@ def claim(layout: Layout, *, take_over: bool = False) -> None:
     owner = layout.own()
     path = layout.root / SYNC_HOST
     named = sync_host(layout)
-    if named == here:
+    if named is not None and named.names(here):
+        if named != here:
+            _write(layout, owner, here)  # an older walbuf's note: now with the host name
         return
     if named is None and owner.entry(path) is None:
         try:
@@ -102,10 +117,7 @@ def claim(layout: Layout, *, take_over: bool = False) -> None:
             _log.info("this host (%s) syncs %s from now on: %s", here.host, layout.root, verdict.why)
             return
     if named is None or take_over or named.rebooted_as(here):
-        temporary = layout.root / f"{SYNC_HOST}.new"
-        owner.create(temporary, json.dumps(asdict(here)).encode())
-        os.replace(temporary, path)
-        fsync(layout.root, folder=True)
+        _write(layout, owner, here)
         _log.info("this host (%s) takes over syncing %s from %s", here.host, layout.root, named.host if named else "-")
         return
     raise SyncHostError(
@@ -115,10 +127,23 @@ def claim(layout: Layout, *, take_over: bool = False) -> None:
     )
 
 
+def _write(layout: Layout, owner: Owner, here: SyncHost) -> None:
+    """Name ``here`` the sync host, in place of what is named (written whole elsewhere, then renamed over it)."""
+    temporary = layout.root / f"{SYNC_HOST}.new"
+    fd = owner.open(temporary, os.O_WRONLY | os.O_TRUNC, create=True)
+    try:
+        os.write(fd, json.dumps(asdict(here)).encode())
+        os.fsync(fd)  # whole before it is renamed in: a crash never leaves a sync-host file that names no host
+    finally:
+        os.close(fd)
+    os.replace(temporary, layout.root / SYNC_HOST)
+    fsync(layout.root, folder=True)
+
+
 def written_elsewhere(layout: Layout) -> str | None:
     """Where the hub may change under a reader here, unseen: the sync host's name, if it is another host and the
     filesystem's locks do not span hosts; else None."""
     named = sync_host(layout)
-    if named is None or named == SyncHost.here(layout) or coordination(layout.root).spans:
+    if named is None or named.names(SyncHost.here(layout)) or coordination(layout.root).spans:
         return None
     return named.host

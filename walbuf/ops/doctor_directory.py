@@ -2,24 +2,23 @@
 
 from __future__ import annotations
 
-import sqlite3
 import time
 
 from ..directory import DirectoryBuffer
 from ..directory.host import silent_after
-from ..directory.layout import Layout, Shard, host_name, rotate_seconds
-from ..directory.log_ingest import cursor_of, examine_log
-from ..directory.log_shard import BadFrame
+from ..directory.ingest import Gap, HubView, examine, hub_view
+from ..directory.layout import Layout, Older, Shard, host_name
 from ..directory.mounts import coordination
-from ..directory.sealing import in_use
+from ..directory.shard import BadFrame
 from ..directory.sync_host import sync_host, written_elsewhere
+from ..directory.upgrade import describe, problem, remaining_message
 from ..errors import StorageError, UntrustedPathError
-from ..store import Storage
-from .findings import UNTRUSTED_ADVICE, Finding, connect, contents, file_findings, room_finding
+from .findings import UNTRUSTED_ADVICE, Finding, contents, file_findings, room_finding
 
 
 def examine_directory(findings: list[Finding], buffer: DirectoryBuffer) -> None:
-    """What walbuf does not open there, the hub as a one-file buffer (rollback journal), each shard not yet ingested."""
+    """What walbuf does not open there, the hub as a one-file buffer (rollback journal), each shard not yet ingested,
+    and an older walbuf's shards."""
     add = findings.append
     layout = buffer.layout
     try:
@@ -43,29 +42,23 @@ def examine_directory(findings: list[Finding], buffer: DirectoryBuffer) -> None:
             contents(findings, revision, buffer, elsewhere)
     else:
         add(Finding("hub", True, "none yet: the first walbuf sync makes it"))
-    host, age = host_name(), rotate_seconds()
     now = time.time()
     try:
         hub = buffer.open_store("read")
+        view = hub_view(hub)
     except StorageError:
-        return  # reported above; what the shards add to it cannot be counted
+        # Reported above (an older schema, damage, a write under way elsewhere): the shards are read as if the hub
+        # held nothing of them.
+        hub, view = None, hub_view(None)
     try:
-        for shard in layout.shards():
-            finding = _shard_finding(buffer, layout, shard, hub, host, age, now)
-            if shard.state != "ingested" or not finding.ok:  # the hub holds an ingested one's records
+        scan = layout.scan()
+        for shard in scan.shards:
+            finding = _shard_finding(layout, shard, view, now)
+            if finding is not None:
                 add(finding)
-        for path, why in layout.quarantined():
-            add(
-                Finding(
-                    f"shard {path.stem}",
-                    False,
-                    f"set aside by a sync in quarantine/ ({why}): its records are not sent",
-                    f"if it is damaged, recover what it holds with `sqlite3 {path} .recover | sqlite3 NEW.db`;"
-                    " if it was refused, make sure it is yours and mend what the reason says in a copy, NEW.db."
-                    f" Then move NEW.db to {layout.sealed / path.name} (the next sync takes in the records the hub"
-                    f" lacks, none twice) and delete {path} and its .why; or delete both to give its records up",
-                )
-            )
+        host = host_name()
+        for older in scan.older:
+            add(_older_finding(layout, older, host))
     finally:
         if hub is not None:
             hub.close()
@@ -82,93 +75,48 @@ def _filesystem_findings(findings: list[Finding], layout: Layout) -> None:
     findings.append(Finding("filesystem", True, f"{verdict.why}: one host syncs it; {who}"))
 
 
-def _shard_finding(
-    buffer: DirectoryBuffer, layout: Layout, shard: Shard, hub: Storage | None, host: str, age: float, now: float
-) -> Finding:
-    if shard.format == "log":
-        return _log_finding(layout, shard, hub, now)
+def _shard_finding(layout: Layout, shard: Shard, view: HubView, now: float) -> Finding | None:
+    """What reading a shard whole finds: whether walbuf wrote all of it, what the hub lacks of it, its process (None
+    for an ingested shard taken in whole: the hub holds its records)."""
     name = f"shard {shard.id}"
-    if shard.state == "live" and shard.host != host:
-        # An older walbuf's shard: only a sync on its own host may seal it (its lock does not span hosts).
-        if now > shard.gen / 1e9 + 2 * age:
-            return Finding(
-                name,
-                False,
-                f"an older walbuf's shard, live on {shard.host} for longer than twice the rotation age ({age:g}s)",
-                f"run walbuf sync on {shard.host}: it seals the shard once no process there uses it",
-            )
-        return Finding(name, True, f"an older walbuf's shard, live on {shard.host}")
-    try:
-        used = in_use(layout, shard.path) if shard.state == "live" else False
-    except PermissionError:
-        return Finding(name, True, f"live on {shard.host}; whether a process uses it, only its owner can tell")
-    if shard.state in ("sealed", "ingested"):
-        damage = _integrity(layout, shard)
-        if damage and shard.state == "ingested":
-            return Finding(
-                name,
-                False,
-                "ingested, damaged: " + damage,
-                "its records were in the hub when it was taken in; keep it for a person to look at (it should"
-                " not be damaged), or delete it",
-            )
-        if damage:
-            return Finding(
-                name,
-                False,
-                "sealed, damaged: " + damage,
-                "run walbuf sync: it sets the shard aside in quarantine/, and walbuf doctor then says how to"
-                " recover it",
-            )
-        if shard.state == "ingested":
-            return Finding(name, True, "ingested: its records are in the hub")
-    try:
-        waiting = buffer.not_in_hub(shard, hub)
-    except StorageError as exc:
-        return Finding(name, False, str(exc), "see the message")
-    if shard.state == "sealed":
-        return Finding(name, True, f"sealed, {waiting} records not in the hub yet")
-    if not used:
+    cursor = view.cursor(shard.id)
+    if cursor.refused is not None:
         return Finding(
             name,
             False,
-            f"live, {waiting} records not in the hub, and no process uses it (its writers died)",
-            "run walbuf sync on this host: it seals the shard and copies its records in",
-        )
-    return Finding(name, True, f"in use on this host, {waiting} records not in the hub")
-
-
-def _log_finding(layout: Layout, shard: Shard, hub: Storage | None, now: float) -> Finding:
-    """What reading a log shard whole finds: whether walbuf wrote all of it, how much the hub lacks, its process."""
-    name = f"shard {shard.id}"
-    refused = cursor_of(hub, shard.id).refused
-    if refused is not None:
-        return Finding(
-            name,
-            False,
-            f"{shard.state}, not read past where the last sync stopped: {refused}",
-            _damaged_log_advice(shard),
+            f"{shard.state}, not read past where the last sync stopped: {cursor.refused}",
+            "the frames before it are taken in, none after it: keep a copy of the file for a person to look at;"
+            " if it is not yours, see docs/security.md",
         )
     try:
-        seen = examine_log(layout, shard, hub)
+        seen = examine(layout, shard, view)
     except BadFrame as exc:
-        return Finding(name, False, f"{shard.state}: {exc}", _damaged_log_advice(shard))
+        return Finding(name, False, f"{shard.state}: {exc}", "keep a copy of the file for a person to look at")
     except StorageError as exc:
         return Finding(name, False, str(exc), "see the message")
-    if seen.damaged_at is not None:
+    gaps = cursor.gaps or seen.unread
+    if shard.state == "ingested":
+        if gaps:
+            return Finding(
+                name,
+                True,
+                f"ingested with bytes {_ranges(gaps)} given up: they could not be read, and a person moved it here",
+            )
+        return None
+    waiting = f"{seen.waiting} records not in the hub"
+    if gaps and shard.state == "sealed":
         return Finding(
             name,
             False,
-            f"{shard.state}, damaged at byte {seen.damaged_at}: whole frames follow a frame that cannot be read",
-            _damaged_log_advice(shard),
+            f"sealed, damaged: bytes {_ranges(gaps)} cannot be read, and whole frames follow them; every frame"
+            f" that can be read is taken in ({waiting} yet), and each sync reads them again",
+            "keep a copy of the file. If a copy from before the damage exists (a backup), put it in place of this"
+            " one and run walbuf sync: it takes in what the hub lacks, nothing twice. If not, the records there"
+            f" are lost (`walbuf sync` names the steps around them); to stop the warning, move the file to"
+            f" {layout.ingested}/ (this deletes nothing: every readable record is in the hub)",
         )
-    if shard.state == "ingested":
-        if not seen.ended:
-            return Finding(
-                name, False, "ingested, but it does not end as a whole shard does", _damaged_log_advice(shard)
-            )
-        return Finding(name, True, "ingested: its records are in the hub")
-    waiting = f"{seen.waiting} records not in the hub"
+    if gaps:
+        waiting += f"; bytes {_ranges(gaps)} cannot be read yet (read again at each sync: its process may still write)"
     if shard.state == "sealed":
         return Finding(name, True, f"sealed, {waiting} yet")
     process = seen.process
@@ -193,26 +141,40 @@ def _log_finding(layout: Layout, shard: Shard, hub: Storage | None, now: float) 
             name,
             True,
             f"{quiet}; the hub holds all of it. Only a sync on that machine seals it (none elsewhere changes it):"
-            f" if {process.host} never runs walbuf again, delete the file",
+            f" if {process.host} never runs walbuf again, move it to {layout.ingested}/",
         )
     return Finding(name, True, f"live, appended by {who}, {waiting}")
 
 
-def _damaged_log_advice(shard: Shard) -> str:
-    return (
-        "the frames before it are taken in, none after it: keep a copy of the file for a person to look at."
-        " If its process has ended and you give up what follows the damage, cut the file there"
-        f" (`truncate -s BYTE {shard.path}`), and the next sync takes the shard in as whole"
+def _older_finding(layout: Layout, older: Older, host: str) -> Finding:
+    """An older walbuf's SQLite shard: taken in at the next sync, waiting for a step of a person's, or given up."""
+    name = f"shard {older.id}"
+    if older.state == "ingested":
+        return Finding(name, True, "an older walbuf's, taken in: walbuf prune removes it")
+    if older.state == "sealed":
+        why = problem(layout, older)
+        if why is None:
+            return Finding(name, True, "an older walbuf's, sealed: the next walbuf sync takes it in")
+        return Finding(
+            name,
+            False,
+            why,
+            f"if it is damaged, recover what it holds with `sqlite3 {older.path} .recover | sqlite3 NEW.db`, or"
+            " mend what the message says in a copy, NEW.db; make sure it is yours. Then put NEW.db in its place"
+            " (the next sync takes its records in); or move it out of the buffer to give its records up",
+        )
+    if older.state == "live":
+        return Finding(name, False, "an older walbuf's, live", remaining_message(older, host))
+    return Finding(
+        name,
+        False,
+        f"set aside by an older walbuf in quarantine/ ({describe(layout.owner, older)}): its records are not sent",
+        f"if it is damaged, recover what it holds with `sqlite3 {older.path} .recover | sqlite3 NEW.db`;"
+        " if it was refused, make sure it is yours and mend what the reason says in a copy, NEW.db."
+        f" Then move NEW.db to {layout.sealed / older.path.name} (the next sync takes its records in) and delete"
+        f" {older.path} and its .why; or delete both to give its records up",
     )
 
 
-def _integrity(layout: Layout, shard: Shard) -> str:
-    """What SQLite's integrity check finds wrong with a sealed shard ("" if nothing)."""
-    conn = connect(shard.path, layout.owner, immutable=True)
-    try:
-        result = conn.execute("PRAGMA integrity_check").fetchall()
-    except sqlite3.DatabaseError as exc:
-        result = [(str(exc),)]
-    finally:
-        conn.close()
-    return "" if result == [("ok",)] else "; ".join(r[0] for r in result[:3])
+def _ranges(gaps: tuple[Gap, ...]) -> str:
+    return ", ".join(f"{g.start}-{g.until}" for g in gaps)

@@ -66,7 +66,8 @@ class ShardStatus:
     state: Literal["live", "sealed"]
     created_at: float
     not_in_hub: int | None  # records the next sync copies into the hub; None: another host's live shard, or refused
-    refused: str | None = None  # why the next sync sets it aside instead (damaged, or holding what walbuf never writes)
+    # Why it is not taken in whole: damaged, holding what walbuf never writes, an older walbuf's waiting for a step.
+    refused: str | None = None
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ class BufferStatus:
     runs: tuple[RunStatus, ...]
     # Of a directory buffer: its shards not yet ingested. Runs are the hub's.
     shards: tuple[ShardStatus, ...] = ()
-    # Of a directory buffer: shards a sync set aside in quarantine/ ("HOST.GEN: why").
+    # Of a directory buffer: shards an older walbuf set aside in quarantine/ ("HOST.GEN: why").
     damaged_shards: tuple[str, ...] = ()
     # Of a directory buffer: what walbuf does not open there (another account's
     # file, a symbolic link, a name walbuf does not give), a message each.
@@ -117,7 +118,7 @@ def status(buffer: Location) -> BufferStatus:
         ShardStatus(e.name, e.host, "live" if e.live else "sealed", e.created_at, e.not_in_hub, e.refused)
         for e in located.backlog()
     ]
-    damaged = [f"{shard}: {why}" for shard, why in located.set_aside()]
+    damaged = [f"{shard}: {why}" for shard, why in located.damaged()]
     strangers = located.not_opened()
     return BufferStatus(located.location, tuple(run_status), tuple(shard_status), tuple(damaged), tuple(strangers))
 

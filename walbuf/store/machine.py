@@ -51,6 +51,15 @@ def running(pid: int, start: int) -> bool:
     return fields is not None and int(fields[19]) == start and fields[0] not in (b"Z", b"X")
 
 
+def node() -> str:
+    """This machine's host name as its kernel knows it (uname's nodename).
+
+    With the machine id it names a machine: stateless cluster images boot
+    one image, /etc/machine-id included, on every node.
+    """
+    return os.uname().nodename
+
+
 def machine_id() -> str:
     """This machine's id, the same across boots (systemd's /etc/machine-id); the boot id where it has none."""
     for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):

@@ -20,6 +20,7 @@ from ..errors import NotABufferError, SchemaTooNewError
 # this code reads and writes; tests check this list against Alembic's own.
 KNOWN_REVISIONS: tuple[str, ...] = (
     "0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011",
+    "0012",
 )  # fmt: skip
 HEAD_REVISION = KNOWN_REVISIONS[-1]
 
@@ -159,25 +160,13 @@ config_entries = sa.Table(
     sa.Column("time", sa.Float, nullable=False),
 )
 
-# In the hub of a directory buffer (walbuf.directory): for each shard, run and
-# writer, the shard's id of the last record copied into the hub.
-shard_cursors = sa.Table(
-    "shard_cursors",
-    metadata,
-    sa.Column("shard", sa.Text, primary_key=True),
-    sa.Column("run", sa.Text, primary_key=True),
-    sa.Column("writer", sa.Text, primary_key=True),
-    sa.Column("last_id", sa.BigInteger, nullable=False),
-    # ... and of the last config entry copied.
-    sa.Column("config_id", sa.BigInteger, nullable=False, server_default="0"),
-)
-
-# In the hub of a directory buffer: how far each log shard (of frames, see
+# In the hub of a directory buffer: how far each shard (of frames, see
 # walbuf.directory.frames) is taken in: the offset of its first frame not
 # taken in, whether its END frame was, the process that appends it (JSON;
 # NULL before its first frame is taken in), the time of its last frame taken
-# in, and why the last sync stopped reading it there, if it did (a frame
-# walbuf would not write, damage, a writer the hub refuses).
+# in (by the file server's clock), why the last sync stopped reading it
+# there, if it did (a frame walbuf would not write, a writer the hub
+# refuses), and the file server's clock minus its process's (revision 0012).
 log_cursors = sa.Table(
     "log_cursors",
     metadata,
@@ -187,6 +176,18 @@ log_cursors = sa.Table(
     sa.Column("process", sa.Text),
     sa.Column("seen", sa.Float, nullable=False),
     sa.Column("refused", sa.Text),
+    sa.Column("clock", sa.Float, nullable=False, server_default="0"),
+)
+
+# ... and the byte ranges before a shard's offset the hub could not take in
+# yet (no whole frame there when read, or frames of a writer named only
+# there): every sync reads them again (walbuf.directory.ingest).
+log_gaps = sa.Table(
+    "log_gaps",
+    metadata,
+    sa.Column("shard", sa.Text, primary_key=True),
+    sa.Column("start", sa.BigInteger, primary_key=True),
+    sa.Column("until", sa.BigInteger, nullable=False),
 )
 
 # ... and each writer a log shard names: its id there, the hub's writer, and
@@ -234,8 +235,9 @@ writer_leases = sa.Table(
 
 # The tables every revision has had: a database that has them all is a walbuf buffer.
 _ALWAYS = frozenset({"alembic_version", "runs", "writers", "records"})
-# Every table walbuf makes, of any revision: metric_keys was made by 0002 and dropped by 0008.
-WALBUF_TABLES = frozenset(metadata.tables) | {"alembic_version", "metric_keys"}
+# Every table walbuf makes, of any revision: metric_keys was made by 0002 and dropped by 0008, shard_cursors made by
+# 0004 and dropped by 0012.
+WALBUF_TABLES = frozenset(metadata.tables) | {"alembic_version", "metric_keys", "shard_cursors"}
 
 
 def pending(cursor: sa.ColumnElement[int] | None = None) -> sa.ColumnElement[bool]:

@@ -19,10 +19,8 @@ class SyncSource:
     """The database a sync uploads from, open, and what bringing it together found."""
 
     storage: Storage
-    # Parts of the buffer moved aside (a damaged or refused shard), a message each.
-    set_aside: tuple[str, ...] = ()
-    # What the sync did not open or take in, a message each: files walbuf does
-    # not trust or does not name so, live shards of this host it refused.
+    # What the sync did not open or take in whole, a message each: files walbuf
+    # does not trust or does not name so, damaged or refused shards.
     refused: tuple[str, ...] = ()
     # The sync's stop condition held before every part was taken in.
     stopped: bool = False

@@ -53,6 +53,9 @@ _log = logging.getLogger(__name__)
 DEFAULT_BUSY_TIMEOUT = 60.0  # seconds; a writer waits this long for the write lock
 
 
+READ_BATCH = 1000  # records per read transaction of Storage.read
+
+
 def stored_metrics(text: str, writer: str, step: int, quarantined: str | None, location: str) -> dict[str, Value]:
     """A record's metrics as read back (see record.read_metrics); BufferCorruptError for what walbuf does not store.
 
@@ -485,25 +488,46 @@ class Storage:
                 [{"writer_id": writer_pk, "kind": kind, "key": k, "value": v, "time": now} for k, v in encoded.items()],
             )
 
-    def read(self, run: str | None = None, writer: str | None = None, *, quarantined: bool = False) -> Iterator[Record]:
-        """Every record (of one run / writer if given), in the order they were logged.
+    def read(
+        self, run: str | None = None, writer: str | None = None, *, quarantined: bool = False, up_to: int | None = None
+    ) -> Iterator[Record]:
+        """Every record (of one run / writer if given) with an id up to ``up_to`` (else the newest when reading
+        starts), in the order they were logged.
 
-        With ``quarantined``, only the records a sync quarantined (each with its reason).
+        Read in short transactions of READ_BATCH records, none held while the
+        caller looks at them: a reader that stops to look (``walbuf records |
+        less``) never holds the database from a writer or a sync. Records
+        committed after reading starts are not read; one pruned meanwhile is
+        not either. With ``quarantined``, only the records a sync quarantined
+        (each with its reason).
         """
         joined = records.join(writers).join(runs)
         joined = joined.join(quarantine, isouter=not quarantined)
-        query = (
-            sa.select(
-                runs.c.name, writers.c.name, records.c.step, records.c.time, records.c.metrics, quarantine.c.reason
-            )
-            .select_from(joined)
-            .order_by(records.c.id)
-        )
+        query = sa.select(
+            records.c.id,
+            runs.c.name,
+            writers.c.name,
+            records.c.step,
+            records.c.time,
+            records.c.metrics,
+            quarantine.c.reason,
+        ).select_from(joined)
         if run is not None:
             query = query.where(runs.c.name == run)
         if writer is not None:
             query = query.where(writers.c.name == writer)
-        with self.begin_read() as conn:
-            for row in conn.execution_options(yield_per=1000).execute(query):
-                metrics = stored_metrics(row[4], row[1], row[2], row[5], self.location)
-                yield Record(row[0], row[1], row[2], row[3], metrics, row[5])
+        if up_to is None:
+            with self.begin_read() as conn:
+                up_to = conn.scalar(sa.select(sa.func.coalesce(sa.func.max(records.c.id), 0)))
+        after = 0
+        while True:
+            with self.begin_read() as conn:
+                rows = conn.execute(
+                    query.where(records.c.id > after, records.c.id <= up_to).order_by(records.c.id).limit(READ_BATCH)
+                ).all()
+            for row in rows:
+                metrics = stored_metrics(row[5], row[2], row[3], row[6], self.location)
+                yield Record(row[1], row[2], row[3], row[4], metrics, row[6])
+            if len(rows) < READ_BATCH:
+                return
+            after = rows[-1][0]

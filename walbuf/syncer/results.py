@@ -87,12 +87,10 @@ class SyncResult:
     unreadable_shards: int = 0
     # The bounds (max_records, max_seconds) ended the sync with records still pending.
     stopped_early: bool = False
-    # Of a directory buffer: shards this sync found damaged or refused and
-    # moved to quarantine/ (their records are not sent), a message each.
-    set_aside: tuple[str, ...] = ()
-    # Of a directory buffer: what the sync did not open or take in, a message
-    # each: files walbuf does not trust (another account's, a symbolic link,
-    # a name walbuf does not give there), live shards of this host it refused.
+    # Of a directory buffer: what the sync did not open or take in whole, a
+    # message each: files walbuf does not trust (another account's, a
+    # symbolic link, a name walbuf does not give there), a shard that holds
+    # what walbuf never writes or is damaged, an older walbuf's shard.
     refused: tuple[str, ...] = ()
 
     @property
@@ -107,4 +105,4 @@ class SyncResult:
     @property
     def needs_a_person(self) -> bool:
         """Whether part of the buffer was not sent for good (records, shards, settings) or was refused."""
-        return bool(self.set_aside or self.refused) or any(r.needs_a_person for r in self.runs)
+        return bool(self.refused) or any(r.needs_a_person for r in self.runs)

@@ -185,7 +185,7 @@ def sync_pass(located: Buffer, choices: PassChoices) -> SyncResult:
             if report is not None:
                 done.append(report)
                 stopped = stopped or report.cut_short
-        return SyncResult(runs=tuple(done), stopped_early=stopped, set_aside=source.set_aside, refused=source.refused)
+        return SyncResult(runs=tuple(done), stopped_early=stopped, refused=source.refused)
 
 
 def _sync_run(storage: Storage, buffer: Buffer, name: str, folder: Path, choices: PassChoices) -> RunSync | None:
