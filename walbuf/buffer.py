@@ -162,7 +162,7 @@ class DatabaseBuffer:
     # A database holds every record itself: it has no shards waiting, damaged
     # or to remove, and nothing in it walbuf does not open.
 
-    def backlog(self) -> list[Backlog]:
+    def backlog(self, conn: sa.Connection | None = None) -> list[Backlog]:
         return []
 
     def damaged(self) -> list[tuple[str, str]]:
@@ -309,8 +309,10 @@ class Buffer(Protocol):
         """Bytes the buffer takes."""
         ...
 
-    def backlog(self) -> list[Backlog]:
-        """Each shard whose records the store does not hold yet (a database: none)."""
+    def backlog(self, conn: sa.Connection | None = None) -> list[Backlog]:
+        """Each part whose records the store does not hold yet (a database: none), as of ``conn``'s read of the store
+        if given (the caller's snapshot, so that no record is counted in neither or both), else of a read of its own.
+        """
         ...
 
     def damaged(self) -> list[tuple[str, str]]:

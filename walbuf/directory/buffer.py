@@ -31,7 +31,16 @@ from ..store.sqlite import SQLiteBackend
 from ..store.storage import writer_lock_name
 from .appender import process_shard
 from .host import Process, judged_running, server_time
-from .ingest import HubView, damage_note, frames_not_in_hub, frames_past, hub_view, ingest, records_not_in_hub
+from .ingest import (
+    HubView,
+    damage_note,
+    frames_not_in_hub,
+    frames_past,
+    hub_view,
+    hub_view_on,
+    ingest,
+    records_not_in_hub,
+)
 from .layout import MARKER, Layout, Shard, host_name, hub_backend
 from .segment import Hold, ShardSegment
 from .shard import ShardError, ShardGone
@@ -175,12 +184,12 @@ class DirectoryBuffer:
             if hub is not None:
                 hub.close()
 
-    def backlog(self) -> list[Backlog]:
-        """Each shard not yet ingested, with how many of its records the hub lacks, and each older walbuf's shard
-        not yet taken in. Reads only."""
-        hub = self.open_store("read")
+    def backlog(self, conn: sa.Connection | None = None) -> list[Backlog]:
+        """Each shard not yet ingested, with how many of its records the hub lacks (as ``conn``'s read of the hub
+        sees it, else a read of its own), and each older walbuf's shard not yet taken in. Reads only."""
+        hub = self.open_store("read") if conn is None else None
         try:
-            view = hub_view(hub)
+            view = hub_view(hub) if conn is None else hub_view_on(conn)
             out = []
             scan = self.layout.scan()
             for shard in scan.shards:

@@ -528,10 +528,15 @@ def hub_view(hub: Storage | None) -> HubView:
     if hub is None:
         return HubView(0, {}, {})
     with hub.begin_read() as conn:
-        top = conn.scalar(sa.select(sa.func.coalesce(sa.func.max(records.c.id), 0))) or 0
-        shards = [row[0] for row in conn.execute(sa.select(log_cursors.c.shard))]
-        cursors = {shard: _cursor(conn, shard) for shard in shards}
-        names = {shard: _named(conn, shard) for shard in shards}
+        return hub_view_on(conn)
+
+
+def hub_view_on(conn: sa.Connection) -> HubView:
+    """The hub's :class:`HubView`, read on ``conn`` (in its read transaction)."""
+    top = conn.scalar(sa.select(sa.func.coalesce(sa.func.max(records.c.id), 0))) or 0
+    shards = [row[0] for row in conn.execute(sa.select(log_cursors.c.shard))]
+    cursors = {shard: _cursor(conn, shard) for shard in shards}
+    names = {shard: _named(conn, shard) for shard in shards}
     return HubView(top, cursors, names)
 
 

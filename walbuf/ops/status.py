@@ -109,14 +109,14 @@ def status(buffer: Location) -> BufferStatus:
     if storage is not None:
         with storage, storage.begin_read() as conn:
             run_status = read_runs(conn)
+            backlog = located.backlog(conn)  # in the same snapshot: a sync meanwhile moves no record out of view
+    else:
+        backlog = located.backlog()
     if any(r.last_sync is not None and r.last_sync.status == "running" for r in run_status):
         run_status = _dead_syncs_told(located, run_status)
-    shard_status: list[ShardStatus] = []
-    damaged: list[str] = []
-    strangers: list[str] = []
     shard_status = [
         ShardStatus(e.name, e.host, "live" if e.live else "sealed", e.created_at, e.not_in_hub, e.refused)
-        for e in located.backlog()
+        for e in backlog
     ]
     damaged = [f"{shard}: {why}" for shard, why in located.damaged()]
     strangers = located.not_opened()
