@@ -178,3 +178,16 @@ def test_a_reader_that_stops_midway_never_holds_the_hub_from_a_sync(directory, i
     finally:
         hub.close()
     assert sum(1 for _ in reading) == 4499
+
+
+def test_a_range_that_reads_later_as_a_frame_walbuf_never_writes_stops_nothing_after_it(server, directory):
+    bad = f.frame(f.WRITER, b"{not json")  # whole, its CRC right: not a frame walbuf writes
+    first = [writer_frame(1, "a"), f.record_frame(1, 0, 1.0, '{"i": 0}')]
+    shard = log_shard(directory, "node", [*first, bytes(len(bad)), f.record_frame(1, 1, 2.0, '{"i": 1}')], state="live")
+    assert sync(server, directory).returncode == 0
+    assert steps(server, "a") == [0, 1]
+    data = shard.read_bytes()
+    at = data.index(bytes(len(bad)))
+    shard.write_bytes(data[:at] + bad + data[at + len(bad) :] + f.record_frame(1, 2, 3.0, '{"i": 2}'))
+    assert sync(server, directory).returncode == 0
+    assert steps(server, "a") == [0, 1, 2]  # appended after the range: read as ever

@@ -221,7 +221,12 @@ def ingest_shard(layout: Layout, hub: Storage, shard: Shard, stop: Callable[[], 
         _log.info("taking in shard %s", shard.id)
         try:
             for gap in cursor.gaps:
-                ingest.read(log.events(gap.start, set(mapping), end=gap.until, unread=True), gap)
+                try:
+                    ingest.read(log.events(gap.start, set(mapping), end=gap.until, unread=True), gap)
+                except BadFrame as exc:
+                    # What follows that frame in the range stays a gap (damage, once the shard is sealed); the rest
+                    # of the shard goes on.
+                    _log.info("%s", exc)
             if not cursor.ended:
                 ingest.read(log.events(cursor.offset, set(mapping), unread=bool(ingest.cursor.gaps)), None)
                 if log.stop == "damaged":
