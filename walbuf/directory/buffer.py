@@ -31,21 +31,13 @@ from ..store.sqlite import SQLiteBackend
 from ..store.storage import writer_lock_name
 from .appender import process_shard
 from .host import Process, judged_running, server_time
-from .ingest import (
-    HubView,
-    damage_note,
-    frames_not_in_hub,
-    frames_past,
-    hub_view,
-    hub_view_on,
-    ingest,
-    records_not_in_hub,
-)
+from .ingest import ingest
 from .layout import MARKER, Layout, Shard, host_name, hub_backend
 from .segment import Hold, ShardSegment
 from .shard import ShardError, ShardGone
 from .sync_host import claim, written_elsewhere
 from .upgrade import describe, problem, remaining_message, take_in
+from .view import HubView, damage_note, frames_not_in_hub, frames_past, hub_view, hub_view_on, records_not_in_hub
 
 _log = logging.getLogger(__name__)
 

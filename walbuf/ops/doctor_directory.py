@@ -6,12 +6,12 @@ import time
 
 from ..directory import DirectoryBuffer
 from ..directory.host import silent_after
-from ..directory.ingest import Gap, HubView, examine, hub_view
 from ..directory.layout import Layout, Older, Shard, host_name
 from ..directory.mounts import coordination
 from ..directory.shard import BadFrame
 from ..directory.sync_host import sync_host, written_elsewhere
 from ..directory.upgrade import describe, problem, remaining_message
+from ..directory.view import Gap, HubView, examine, hub_view
 from ..errors import StorageError, UntrustedPathError
 from .findings import UNTRUSTED_ADVICE, Finding, contents, file_findings, room_finding
 
