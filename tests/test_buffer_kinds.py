@@ -73,7 +73,7 @@ def test_after_open_for_sync_the_store_holds_every_record_and_nothing_waits_outs
     source = buffer.open_for_sync()
     with source.storage as store:
         assert [r.step for r in store.read(run="r")] == [0, 1, 2]
-    assert buffer.backlog() == [] and buffer.damaged() == [] and buffer.not_opened() == []
+    assert list(buffer.backlog()) == [] and buffer.damaged() == [] and buffer.not_opened() == []
     assert buffer.all_in_store()
 
 

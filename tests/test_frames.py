@@ -139,3 +139,12 @@ def test_bytes_after_the_last_frame_that_cannot_start_one_are_damage_not_a_cut_o
     path.write_bytes(alive_frame(1.0) + b"not a frame")
     read, stop, offset = read_all(path)
     assert [kind for kind, _ in read] == [ALIVE] and stop == "damaged" and offset == len(alive_frame(1.0))
+
+
+def test_a_frame_whose_later_page_reached_the_file_before_its_first_is_a_cut_off_end_not_damage(tmp_path):
+    # NFS write-back sends the pages of a write in parallel: another host may see the second before the first.
+    first, big = alive_frame(1.0), record_frame(1, 0, 1.0, '{"x": "' + "y" * 6000 + '"}')
+    path = tmp_path / "shard.log"
+    path.write_bytes(first + bytes(4096) + big[4096:])
+    read, stop, offset = read_all(path)
+    assert [kind for kind, _ in read] == [ALIVE] and stop == "cut off" and offset == len(first)

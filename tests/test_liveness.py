@@ -150,3 +150,20 @@ def test_a_machine_whose_clock_is_an_hour_ahead_cannot_take_a_host_name_another_
         assert sorted((Path(directory) / "live").rglob("*")) == shards  # nothing written
     finally:
         closed(first)
+
+
+def test_the_sync_host_an_older_walbuf_named_is_this_host_again_after_a_reboot(server, directory):
+    with walbuf.Writer(directory, writer="w", run="exp") as w:
+        w.log({"i": 0})
+    # An older walbuf's note names no host name; this machine id, this WALBUF_HOST, another boot.
+    named = {
+        "host": "login",
+        "machine": machine.machine_id(),
+        "boot": "00000000-0000-4000-8000-000000000000",
+        "pidns": machine.pid_namespace(),
+        "device": os.stat(directory).st_dev,
+    }
+    Path(directory, "sync-host").write_text(json.dumps(named))
+    proc = run_sync(server, directory, env={ENV_HOST: "login", ENV_LOCKS_SPAN: "no"}, quiet=False)
+    assert proc.returncode == 0, proc.stderr  # none of its processes runs after a boot: taken over
+    assert json.loads(Path(directory, "sync-host").read_text())["boot"] == machine.boot_id()

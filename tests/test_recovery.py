@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -191,3 +192,42 @@ def test_a_range_that_reads_later_as_a_frame_walbuf_never_writes_stops_nothing_a
     shard.write_bytes(data[:at] + bad + data[at + len(bad) :] + f.record_frame(1, 2, 3.0, '{"i": 2}'))
     assert sync(server, directory).returncode == 0
     assert steps(server, "a") == [0, 1, 2]  # appended after the range: read as ever
+
+
+def test_a_writer_the_hub_refuses_inside_a_full_chunk_is_taken_in_up_to_it_once(directory):
+    from walbuf.directory.ingest import CHUNK, ingest
+    from walbuf.directory.layout import Layout
+
+    half = CHUNK // 2
+    conflicting = f.json_frame(f.WRITER, {**json.loads(writer_frame(2, "w")[f.HEAD_SIZE :]), "step_axis": "epoch"})
+    before = [writer_frame(1, "w"), *(f.record_frame(1, i, 1.0, '{"i": 0}') for i in range(half))]
+    after = [f.record_frame(1, half + i, 1.0, '{"i": 0}') for i in range(half)]
+    log_shard(directory, "node", [*before, conflicting, *after])  # the chunk fills after the refused writer
+    hub = walbuf.open_buffer(directory).open_store("create")
+    with hub:
+        taken = ingest(Layout(Path(directory)), hub)
+        assert "logs on step axis 'step', not 'epoch'" in taken.left_out[0]
+    conn = sqlite3.connect(Path(directory) / "hub.db")
+    steps = [step for (step,) in conn.execute("SELECT step FROM records ORDER BY id")]
+    conn.close()
+    assert steps == list(range(half))  # what came before it, each once
+
+
+def test_a_shard_seen_in_two_folders_is_read_once_where_it_went(directory):
+    # What a listing shows of a shard moved between the listings of sealed/ and ingested/.
+    logged(directory, "w", 3)
+    (sealed,) = (Path(directory) / "sealed").iterdir()
+    (Path(directory) / "ingested" / sealed.name).write_bytes(sealed.read_bytes())
+    (Path(directory) / "ingested" / sealed.name).chmod(0o600)
+    assert [(r.writer, r.step) for r in walbuf.read(directory)] == [("w", 0), ("w", 1), ("w", 2)]
+
+
+def test_a_live_shard_whose_first_frame_cannot_be_read_is_named_by_doctor_once_silent(directory):
+    frames = [writer_frame(1, "w"), f.record_frame(1, 0, 1.0, '{"i": 0}')]
+    shard = log_shard(directory, "node", frames, state="live")
+    data = shard.read_bytes()
+    shard.write_bytes(bytes(len(data) - sum(len(x) for x in frames)) + data[len(data) - sum(len(x) for x in frames) :])
+    long_ago = time.time() - 3600
+    os.utime(shard, (long_ago, long_ago))
+    (finding,) = [x for x in walbuf.doctor(directory).findings if x.check == f"shard node.{int(shard.stem)}"]
+    assert not finding.ok and "first frame" in finding.detail and "move it to" in finding.advice

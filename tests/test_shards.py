@@ -133,6 +133,19 @@ def test_a_process_moves_to_a_new_shard_when_its_own_expires(directory, monkeypa
     assert [r.step for r in walbuf.read(directory)] == [0, 1, 2]
 
 
+def test_a_process_that_cannot_write_its_shards_first_frame_leaves_no_shard_behind(directory):
+    log_on("h", directory, "first", 1)  # the buffer, its marker and folders exist
+    proc = subprocess.run(  # every file of the process may hold no byte: its shard's first frame fails
+        [sys.executable, str(TESTS / "file_size_limit.py"), "0", sys.executable, str(TESTS / "host_writer.py")]
+        + [directory, "w", "1", "close"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, ENV_HOST: "h2"},
+    )
+    assert proc.returncode != 0 and "was not written" in proc.stderr, proc.stderr
+    assert list((Path(directory) / "live").rglob("*.log")) == []  # no empty shard no sync could ever seal
+
+
 def test_a_writer_reopened_continues_its_steps(directory):
     log_on("a", directory, "ra", 3)
     with on_host("b"), walbuf.Writer(directory, writer="ra", run="exp") as w:

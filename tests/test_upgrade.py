@@ -152,3 +152,14 @@ def test_a_writer_starts_on_a_buffer_whose_hub_an_older_walbuf_made(older):
     )
     assert proc.returncode == 0, proc.stderr
     assert int(proc.stdout) == max(MANIFEST["logged"]["c"]) + 1
+
+
+def test_prune_before_the_older_shards_are_taken_in_changes_nothing_and_says_to_sync_first(server, older):
+    proc = walbuf_command("prune", older, "--older-than", "0s")
+    assert proc.returncode == 78 and "run walbuf sync first" in proc.stderr, proc.stderr
+    assert hub_revision(older) == "0010"  # not upgraded: it keeps what it took in of them
+    assert sync_on(server, "n2", older).returncode == 78
+    assert sync_on(server, "old1", older).returncode == 0
+    got = arrived(server, MANIFEST["logged"])
+    for writer, steps in MANIFEST["logged"].items():
+        assert Counter(MANIFEST["sent"].get(writer, []) + got[writer]) == Counter(steps), writer

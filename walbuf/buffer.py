@@ -38,7 +38,7 @@ from .store.backend import Backend, Lock, WriterLock
 from .store.claims import Claims, Conflict
 from .store.postgresql import PostgresBackend
 from .store.schema import runs, writers
-from .store.source import Backlog, Hold, SyncSource
+from .store.source import Backlogs, Hold, SyncSource
 from .store.sqlite import SQLiteBackend
 from .store.storage import ConfigKind, writer_lock_name
 from .store.target import Target
@@ -162,8 +162,8 @@ class DatabaseBuffer:
     # A database holds every record itself: it has no shards waiting, damaged
     # or to remove, and nothing in it walbuf does not open.
 
-    def backlog(self, conn: sa.Connection | None = None) -> list[Backlog]:
-        return []
+    def backlog(self) -> Backlogs:
+        return Backlogs()
 
     def damaged(self) -> list[tuple[str, str]]:
         return []
@@ -309,10 +309,9 @@ class Buffer(Protocol):
         """Bytes the buffer takes."""
         ...
 
-    def backlog(self, conn: sa.Connection | None = None) -> list[Backlog]:
-        """Each part whose records the store does not hold yet (a database: none), as of ``conn``'s read of the store
-        if given (the caller's snapshot, so that no record is counted in neither or both), else of a read of its own.
-        """
+    def backlog(self) -> Backlogs:
+        """Each part whose records the store does not hold yet (a database: none), counted against one read of the
+        store, which is let go before the parts are read."""
         ...
 
     def damaged(self) -> list[tuple[str, str]]:

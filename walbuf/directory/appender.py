@@ -19,7 +19,7 @@ as they are logged.
   rename into ``sealed/``. It happens at rotation and when the last writer
   of the process closes (or the decorator lets go of its hold). A process
   that dies leaves its file live and readable; a sync on its machine seals
-  it (walbuf.directory.ingest), one elsewhere only reads it.
+  it (walbuf.directory.sealing), one elsewhere only reads it.
 - While writers are open and nothing else is appended, the process appends
   a heartbeat every HEARTBEAT seconds from its expiry thread, so that other
   machines can tell it still runs (walbuf.directory.host).
@@ -239,6 +239,14 @@ class ProcessShard:
             now = time.time()
             process = {"format": 1, "process": Process.this(self.host).to_json(), "time": now, "clock": clock}
             self._write(frames.json_frame(frames.PROCESS, process), durable=False)
+        except BaseException:
+            # Nothing whole is in it (a frame whose write failed is cut back, or cut off): no reader took anything
+            # from it, and a file without its process's frame could never be sealed.
+            os.close(fd)
+            path.unlink()
+            self._fd, self._path = old
+            raise
+        try:
             for local, entry in self._writers.items():
                 self._write(frames.json_frame(frames.WRITER, entry.to_json(local, now)), durable=False)
         except BaseException:

@@ -26,18 +26,18 @@ from ..record import Record
 from ..store import Access, Durability, Storage
 from ..store.backend import Lock
 from ..store.schema import log_cursors, log_writers, runs, writers
-from ..store.source import Backlog, SyncSource
+from ..store.source import Backlog, Backlogs, SyncSource
 from ..store.sqlite import SQLiteBackend
 from ..store.storage import writer_lock_name
 from .appender import process_shard
 from .host import Process, judged_running, server_time
-from .ingest import ingest
+from .ingest import forget, ingest
 from .layout import MARKER, Layout, Shard, host_name, hub_backend
 from .segment import Hold, ShardSegment
 from .shard import ShardError, ShardGone
 from .sync_host import claim, written_elsewhere
-from .upgrade import describe, problem, remaining_message, take_in
-from .view import HubView, damage_note, frames_not_in_hub, frames_past, hub_view, hub_view_on, records_not_in_hub
+from .upgrade import describe, problem, remaining_message, take_in, waiting
+from .view import HubView, damage_note, frames_not_in_hub, frames_past, hub_view, records_not_in_hub
 
 _log = logging.getLogger(__name__)
 
@@ -64,13 +64,19 @@ class DirectoryBuffer:
 
         Read on a host that does not sync the buffer, on a filesystem whose
         locks do not span hosts, a read that meets a sync's write under way
-        there raises BufferUnavailableError (retry), not "damaged".
+        there raises BufferUnavailableError (retry), not "damaged". For
+        writing, OlderShardsError while the hub keeps cursors of an older
+        walbuf's shards not taken in yet (a sync takes them in first).
         """
         layout = self.layout
         if access == "create":
             layout.make()
         elif layout.owner.entry(layout.hub) is None:
             return None
+        if access != "read":
+            # Opening for writing upgrades the hub, and revision 0012 drops what it took in of an older walbuf's
+            # shards: only a sync takes them in first (open_for_sync), and nothing else upgrades it before.
+            waiting(layout)
         backend = hub_backend(layout)
         if access == "read":
             backend.written_by = written_elsewhere(layout)
@@ -115,7 +121,10 @@ class DirectoryBuffer:
             return False
         layout = self.layout
         now = server_time(layout.locks, layout.owner)
-        return any(judged_running(Process.from_json(json.loads(process)), seen, now) for process, seen in rows)
+        return any(
+            process is None or judged_running(Process.from_json(json.loads(process)), seen, now)
+            for process, seen in rows
+        )  # a shard whose first frame the hub has not read yet: its process may run
 
     def writer_close_note(self, run: str, writer: str) -> int | None:
         """The exit code ``writer`` of ``run`` noted beside its lock (in locks/) as it last closed; None if it did not.
@@ -176,12 +185,12 @@ class DirectoryBuffer:
             if hub is not None:
                 hub.close()
 
-    def backlog(self, conn: sa.Connection | None = None) -> list[Backlog]:
-        """Each shard not yet ingested, with how many of its records the hub lacks (as ``conn``'s read of the hub
-        sees it, else a read of its own), and each older walbuf's shard not yet taken in. Reads only."""
-        hub = self.open_store("read") if conn is None else None
+    def backlog(self) -> Backlogs:
+        """Each shard not yet ingested, with how many of its records the hub lacks as one read of the hub saw it (let
+        go before the shards are read), and each older walbuf's shard not yet taken in. Reads only."""
+        hub = self.open_store("read")
         try:
-            view = hub_view(hub) if conn is None else hub_view_on(conn)
+            view = hub_view(hub)
             out = []
             scan = self.layout.scan()
             for shard in scan.shards:
@@ -205,7 +214,7 @@ class DirectoryBuffer:
                 if older.state in ("live", "sealed"):
                     why = remaining_message(older, host) if older.state == "live" else problem(self.layout, older)
                     out.append(Backlog(older.id, older.host, older.state == "live", older.gen / 1e9, None, why))
-            return out
+            return Backlogs(tuple(out), view.top)
         finally:
             if hub is not None:
                 hub.close()
@@ -247,9 +256,10 @@ class DirectoryBuffer:
         the hub holds whole, and an older walbuf's ingested shards. Checked
         again here, before anything is deleted: a shard the hub lacks
         records of goes back to sealed/ (the next sync takes them in), and
-        one that cannot be read is kept. The gaps of an ingested shard (a
-        person gave them up, docs/directory-buffers.md) go with it. Returns
-        how many were deleted, and a message for each one that was not.
+        one that cannot be read is kept. The hub's place in a deleted shard
+        goes with it (the gaps of an ingested shard too: a person gave them
+        up, docs/directory-buffers.md). Returns how many were deleted, and a
+        message for each one that was not.
         """
         layout = self.layout
         layout.own()
@@ -273,6 +283,8 @@ class DirectoryBuffer:
                 continue
             if covered:
                 shard.path.unlink()
+                if hub is not None:
+                    forget(hub, shard.id)  # after the file: a prune killed between leaves a row, never a file unknown
                 removed += 1
             elif shard.state == "ingested":
                 os.replace(shard.path, shard.filed(layout.sealed))

@@ -228,9 +228,14 @@ class FrameReader:
             buffer += more
 
     def _why_unreadable(self) -> Stop:
-        """Of the bytes from :attr:`offset` to the end, which hold no whole frame: "cut off" or "damaged" (see Stop)."""
+        """Of the bytes from :attr:`offset` to the end, which hold no whole frame: "cut off" or "damaged" (see Stop).
+
+        Cut off where they start as a frame does, or with a zero: a frame
+        written in pages of which a later one reached the file (or this
+        host's cache) before the first, as NFS write-back may.
+        """
         start = os.pread(self._fd, len(MAGIC), self.offset)
-        if MAGIC.startswith(start) or _zeros_from(self._fd, self.offset):
+        if MAGIC.startswith(start) or start[0] == 0:
             return "cut off"
         return "damaged"
 
@@ -249,15 +254,6 @@ def _next_whole(fd: int, offset: int, limit: int) -> int | None:
             found = data.find(MAGIC, found + 1)
         position += _READ_CHUNK
     return None
-
-
-def _zeros_from(fd: int, offset: int) -> bool:
-    """Whether the file holds only zero bytes from ``offset`` to its end."""
-    while chunk := os.pread(fd, _READ_CHUNK, offset):
-        if chunk.count(0) != len(chunk):
-            return False
-        offset += len(chunk)
-    return True
 
 
 def _whole_frame_at(fd: int, offset: int, limit: int) -> bool:

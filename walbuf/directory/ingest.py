@@ -191,22 +191,25 @@ class _Ingest:
     def read(self, items: Iterator[Item], gap: Gap | None) -> None:
         """Take in ``items``: those of ``gap`` read again, or (None) those after the cursor."""
         chunk = _Chunk(self.cursor, gap, self.seen)
-        try:
-            for item in items:
-                if isinstance(item, Unread):
-                    chunk.skip(item.start, item.end)
-                elif isinstance(item[1], Unnamed):
-                    chunk.skip(item[0].offset, item[0].end)
-                else:
-                    chunk.add(item[1], item[0].end)
-                if chunk.full():
-                    self._commit(chunk)
-                    chunk = _Chunk(self.cursor, chunk.rest(), self.seen)
-                    if self.stop is not None and self.stop():
-                        raise ReadStopped(f"taking in shard {self.shard.path} stopped at the sync's time bound")
-        except BadFrame:
-            self._commit(chunk)  # what came before the frame walbuf would not write
-            raise
+        while True:
+            try:
+                item = next(items)
+            except StopIteration:
+                break
+            except BadFrame:
+                self._commit(chunk)  # what came before the frame walbuf would not write
+                raise
+            if isinstance(item, Unread):
+                chunk.skip(item.start, item.end)
+            elif isinstance(item[1], Unnamed):
+                chunk.skip(item[0].offset, item[0].end)
+            else:
+                chunk.add(item[1], item[0].end)
+            if chunk.full():
+                self._commit(chunk)
+                chunk = _Chunk(self.cursor, chunk.rest(), self.seen)
+                if self.stop is not None and self.stop():
+                    raise ReadStopped(f"taking in shard {self.shard.path} stopped at the sync's time bound")
         self._commit(chunk)
 
     def heard(self, seen: float) -> None:
@@ -353,6 +356,13 @@ class _Refused(Exception):
 
     def __init__(self, before: _Chunk, why: str) -> None:
         self.before, self.why = before, why
+
+
+def forget(hub: Storage, shard_id: str) -> None:
+    """Drop the hub's place in a shard that is gone for good (prune deleted it, its records in the hub)."""
+    with hub.begin_write() as conn:
+        for table in (log_gaps, log_writers, log_cursors):
+            conn.execute(table.delete().where(table.c.shard == shard_id))
 
 
 def _set_cursor(conn: sa.Connection, shard_id: str, cursor: Cursor) -> None:

@@ -79,6 +79,7 @@ _ROOT = frozenset(
 _REMOVED_WHILE_OPEN = re.compile(r"\.nfs[0-9A-Fa-f]+|\.fuse_hidden[0-9A-Fa-f]+")
 
 ShardState = Literal["live", "sealed", "ingested"]
+_STATES: tuple[ShardState, ...] = ("live", "sealed", "ingested")  # the order a shard goes through them
 OlderState = Literal["live", "sealed", "ingested", "quarantine"]
 
 
@@ -218,7 +219,13 @@ class Layout:
                 self._scan_filed(found, kind, folder, host)
         if state is None and self.owner.folder(self.quarantine):
             self._scan_quarantine(found, host)
-        found.shards.sort(key=lambda s: (s.gen, s.host))
+        # The folders are listed in the order shards move through them: one moved between two listings is in
+        # both, and is where it went.
+        furthest: dict[str, Shard] = {}
+        for shard in found.shards:
+            if shard.id not in furthest or _STATES.index(shard.state) > _STATES.index(furthest[shard.id].state):
+                furthest[shard.id] = shard
+        found.shards = sorted(furthest.values(), key=lambda s: (s.gen, s.host))
         found.older.sort(key=lambda s: (s.gen, s.host))
         return found
 

@@ -67,9 +67,9 @@ class SyncHost:
 
     def rebooted_as(self, other: SyncHost) -> bool:
         """Whether ``other`` is this host's machine (machine id and host name) since a boot: none of this host's
-        processes runs any more. Never where the host name is not known."""
-        same = bool(self.node) and (self.machine, self.node) == (other.machine, other.node)
-        return same and self.boot != other.boot
+        processes runs any more. An older walbuf's note names no host name: its WALBUF_HOST name stands for it."""
+        named = (self.machine, self.node or self.host)
+        return named == (other.machine, other.node if self.node else other.host) and self.boot != other.boot
 
 
 def sync_host(layout: Layout) -> SyncHost | None:

@@ -101,7 +101,25 @@ def take_in(layout: Layout, host: str) -> list[str]:
                 _convert(layout, older, cursors)
             except OlderShardError as exc:
                 left_out.append(str(exc))
+    if left_out and hub_revision(layout) in KNOWN_REVISIONS[: KNOWN_REVISIONS.index("0012")]:
+        raise OlderShardsError(
+            "; ".join(left_out) + ". Until it is mended in place (walbuf doctor says how) or moved out of the buffer"
+            " (its records given up), this walbuf does not upgrade the hub, which keeps what it took in of it; the"
+            " other older shards were taken in, nothing was sent"
+        )
     return [*left_out, *remaining]
+
+
+def waiting(layout: Layout) -> None:
+    """Raise OlderShardsError, changing nothing, if the hub keeps cursors of an older walbuf's shards that are not
+    taken in yet: upgrading it would drop them (walbuf sync takes them in first)."""
+    left = [o for o in layout.scan().older if o.state in ("live", "sealed")]
+    if left and hub_revision(layout) in KNOWN_REVISIONS[: KNOWN_REVISIONS.index("0012")]:
+        raise OlderShardsError(
+            f"{layout.root} holds shards of an older walbuf ({', '.join(str(o.path) for o in left[:3])}) that its"
+            " hub keeps what it took in of: run walbuf sync first, which takes them in before it upgrades the hub"
+            " (docs/directory-buffers.md); nothing was changed"
+        )
 
 
 def remaining_message(older: Older, host: str) -> str:

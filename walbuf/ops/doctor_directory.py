@@ -121,7 +121,17 @@ def _shard_finding(layout: Layout, shard: Shard, view: HubView, now: float) -> F
         return Finding(name, True, f"sealed, {waiting} yet")
     process = seen.process
     if process is None:
-        return Finding(name, True, f"live on {shard.host}, just made")
+        if now - seen.last_heard < silent_after():
+            return Finding(name, True, f"live on {shard.host}, just made")
+        return Finding(
+            name,
+            False,
+            f"live on {shard.host}, but its first frame, naming its process, cannot be read, and nothing was appended"
+            f" to it for {now - seen.last_heard:.0f}s; {waiting}",
+            "no sync can tell whether its process runs, so none seals it: once none appends to it (see its mtime),"
+            f" move it to {layout.sealed}/ under the name {shard.id}.log; every readable frame of it is taken in"
+            " then, and the sync names what cannot be read",
+        )
     who = f"process {process.pid} on {process.host}"
     running = process.running()
     if running is False:

@@ -105,13 +105,13 @@ def status(buffer: Location) -> BufferStatus:
     """
     located = open_buffer(buffer)
     run_status: list[RunStatus] = []
+    # The shards first, against one read of the hub; then the hub's records up to its newest one in that read: a
+    # record a sync takes in meanwhile is counted once, in its shard.
+    backlog = located.backlog()
     storage = located.open_store("read")
     if storage is not None:
         with storage, storage.begin_read() as conn:
-            run_status = read_runs(conn)
-            backlog = located.backlog(conn)  # in the same snapshot: a sync meanwhile moves no record out of view
-    else:
-        backlog = located.backlog()
+            run_status = read_runs(conn, backlog.store_top)
     if any(r.last_sync is not None and r.last_sync.status == "running" for r in run_status):
         run_status = _dead_syncs_told(located, run_status)
     shard_status = [
@@ -123,8 +123,9 @@ def status(buffer: Location) -> BufferStatus:
     return BufferStatus(located.location, tuple(run_status), tuple(shard_status), tuple(damaged), tuple(strangers))
 
 
-def read_runs(conn: sa.Connection) -> list[RunStatus]:
-    """The status of every run, read on ``conn`` (in its snapshot)."""
+def read_runs(conn: sa.Connection, up_to: int | None = None) -> list[RunStatus]:
+    """The status of every run, read on ``conn`` (in its snapshot), of its records with ids up to ``up_to`` if given."""
+    counted = records.c.id <= up_to if up_to is not None else sa.true()
     counts = {
         row.writer_id: row
         for row in conn.execute(
@@ -135,6 +136,7 @@ def read_runs(conn: sa.Connection) -> list[RunStatus]:
                 sa.func.max(records.c.step).label("last_step"),
             )
             .select_from(records.join(writers))
+            .where(counted)
             .group_by(records.c.writer_id)
         )
     }
@@ -143,6 +145,7 @@ def read_runs(conn: sa.Connection) -> list[RunStatus]:
         for writer_id, n in conn.execute(
             sa.select(records.c.writer_id, sa.func.count())
             .select_from(quarantine.join(records))
+            .where(counted)
             .group_by(records.c.writer_id)
         )
     }

@@ -163,8 +163,8 @@ config_entries = sa.Table(
 # In the hub of a directory buffer: how far each shard (of frames, see
 # walbuf.directory.frames) is taken in: the offset of its first frame not
 # taken in, whether its END frame was, the process that appends it (JSON;
-# NULL before its first frame is taken in), the time of its last frame taken
-# in (by the file server's clock), why the last sync stopped reading it
+# NULL before its first frame is taken in), its mtime when a sync last read
+# it (the file server's clock: when its process last appended), why the last sync stopped reading it
 # there, if it did (a frame walbuf would not write, a writer the hub
 # refuses), and the file server's clock minus its process's (revision 0012).
 log_cursors = sa.Table(

@@ -8,6 +8,7 @@ the kind.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -40,6 +41,23 @@ class Backlog:
     # Why the next sync sets the part aside or reads it only up to a point
     # (damaged, or holding what walbuf never writes); None if not.
     refused: str | None = None
+
+
+@dataclass(frozen=True)
+class Backlogs:
+    """The parts a store lacks records of, counted against one read of the store; iterate for them.
+
+    ``store_top`` is the store's newest record id in that read (None where
+    it holds every record itself): a record the store takes in later has a
+    larger id, and is counted in its part, so that counting the store's
+    records up to it counts each record once.
+    """
+
+    parts: tuple[Backlog, ...] = ()
+    store_top: int | None = None
+
+    def __iter__(self) -> Iterator[Backlog]:
+        return iter(self.parts)
 
 
 class Hold(Protocol):
