@@ -33,20 +33,21 @@ import json
 import os
 import re
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
 import tempfile
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from conftest import fresh_buffer, require_postgres
+from conftest import fresh_buffer, require_postgres, rows_of
 
 import walbuf
 
@@ -295,3 +296,83 @@ def test_a_retry_with_an_explicit_step_after_an_interruption_logs_at_that_step()
     calls = loop_calls("sqlite", "pwrite64", "explicit")
     outcomes = interrupted_runs("sqlite", "pwrite64", [f"signal=SIGINT:when={n}" for n in spread(calls)], "explicit")
     assert any("KeyboardInterrupt" in o.caught for o in outcomes)
+
+
+def test_a_frame_an_interruption_cut_short_is_cut_back_before_the_next_one():
+    # The live shard may grow only so far: the write that reaches the limit
+    # writes part of its frame and returns, and the interruption comes before
+    # the write of the rest; room is given back before the record is logged
+    # again.
+    limit = "fsize=150"
+    calls = clean_trace("directory", ("write",), limit)
+    writes = [text for name, text in calls if name == "write"]
+    short = next(i for i, text in enumerate(writes) if (m := re.search(r", (\d+)\) += (\d+)$", text)) and m[1] != m[2])
+    before = sum(1 for name, what in calls if name == "before the loop" and what == "write")
+    (outcome,) = interrupted_runs("directory", "write", [f"signal=SIGINT:when={before + short + 1}"], limit)
+    assert outcome.caught[0] == "KeyboardInterrupt", outcome.caught
+
+
+def until(condition: Callable[[], bool], what: str) -> None:
+    """Look until ``condition()`` holds (an event in /proc); fail the test if it never does (a bound, not a pace)."""
+    gave_up = threading.Event()
+    timer = threading.Timer(WAIT, gave_up.set)
+    timer.start()
+    try:
+        while not condition():
+            assert not gave_up.is_set(), what
+    finally:
+        timer.cancel()
+
+
+def test_a_failed_fsync_leaves_the_frame_a_sync_took_in_and_every_acknowledged_record_arrives_once(in_process):
+    # A writer with durability="fsync" on a directory buffer: the fsync of one
+    # record's frame fails (EIO) and the writer stops there (SIGSTOP, from
+    # strace, as the fsync returns), its frame whole in the live shard; a
+    # sync on this host takes it in, then the writer goes on. A record logged
+    # again after an error is longer, so that a frame cut off and written
+    # again would not end where the first ended.
+    strace = require_strace()
+    fsyncs = loop_calls("directory", "fsync", "fsync")
+    failing = fsyncs[len(fsyncs) // 2]  # the fsync of the record at step SEQ, SEQ below (one fsync per record)
+    seq = fsyncs.index(failing)
+    with tempfile.TemporaryDirectory() as tmp:
+        buffer, trace = str(Path(tmp) / "exp") + "/", Path(tmp) / "trace"
+        inject = f"inject=fsync:error=EIO:signal=SIGSTOP:when={failing}"
+        command = [strace, "-f", "-qq", "-o", str(trace), "-e", "trace=fsync", "-e", inject]
+        proc = subprocess.Popen(
+            [*command, *writer_command(buffer, "fsync")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            # strace notes the stop it keeps the writer in once the signal came
+            # (its first line is the writer's main thread: its pid)
+            until(
+                lambda: trace.exists() and "stopped by SIGSTOP" in trace.read_text(),
+                "the writer did not stop at its failing fsync",
+            )
+            writer = int(trace.read_text().split()[0])
+            first = walbuf.sync(buffer)
+            (fake_run,) = (in_process.run(r.target.wandb_id) for r in first.runs)
+            assert [step for step, _ in rows_of(fake_run, "w")] == list(range(seq + 1))  # its frame too
+            os.kill(writer, signal.SIGCONT)
+            assert proc.stdout is not None and proc.stdin is not None
+            printed = json.loads(proc.stdout.readline().removeprefix("done "))
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            out, err = proc.communicate(timeout=WAIT)
+            assert proc.returncode == 0 and "closed" in out, err
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        second = walbuf.sync(buffer)
+        assert second.set_aside == () and second.refused == ()
+        arrived = [(metrics["seq"], step) for step, metrics in rows_of(fake_run, "w")]
+        assert sorted(set(arrived)) == arrived  # none twice, in order
+        # Each acknowledged record, and the one whose fsync failed (stored, not durable), at its step.
+        assert {(s, step) for s, step in printed["acked"]} | {(seq, seq)} == set(arrived)
+        assert walbuf.doctor(buffer).healthy
+        assert printed["caught"] == ["RecordNotDurableError"]  # the record was stored, not made durable

@@ -113,6 +113,11 @@ class BufferBusyError(StorageError):
     """The database stayed locked by other processes for longer than the busy timeout. Nothing was written."""
 
 
+class RecordNotDurableError(StorageError):
+    """The record was written, and a sync sends it, but it could not be made durable against a power loss (its fsync
+    failed: the disk or the filesystem's server may be failing). Its step is spent."""
+
+
 class WriterConflictError(WalbufError):
     """Another live writer already uses this writer id in this run, or uses it with another step axis; or a
     PostgreSQL writer's lease on its id was taken over. Nothing was written."""

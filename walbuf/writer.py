@@ -293,7 +293,8 @@ class Writer:
         beside the first one if that was stored; with an explicit ``step``,
         the retry logs at that step, and where the first was stored there
         are two records at it, as two log() calls with one step make by
-        design.
+        design. RecordNotDurableError (``durability="fsync"``): the record
+        was stored and a sync sends it, but it may not survive a power loss.
 
         ``axis`` is the record's value on the step axis in W&B when that is
         not its step: a framework's own step (a trainer's global step),
