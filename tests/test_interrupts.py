@@ -8,10 +8,12 @@ inject=SYSCALL:signal=SIGINT:when=N``), so that Python raises
 KeyboardInterrupt at the next point it looks for signals: between a commit
 or a write and log()'s return, inside a clean-up, between two writes of a
 frame. strace follows the main thread only (no -f): it counts calls per
-thread, and a signal it delivered to another thread would land in the main
-thread at a point no count tells. The N are spread over the calls the
-writer's loop makes, counted in a clean run first: a handful for each
-syscall here; WALBUF_INTERRUPT_SWEEP=all tries each one.
+thread, and a signal it delivered to another thread (the one a transaction
+runs in) would land in the main thread at a point no count tells. The N are
+spread over the calls the writer's loop makes, counted in a clean run
+first: a handful for each syscall here; WALBUF_INTERRUPT_SWEEP=all tries
+each one. tests/traced_writer.py reaches the points strace cannot: it
+raises SIGINT itself wherever Python looks for signals.
 
 After each run, with the writer still open (a notebook's process goes on):
 
@@ -61,7 +63,9 @@ WAIT = 120  # seconds a writer process may take before the test fails (a hang is
 
 # The syscalls each kind's log() makes in the writer's main thread: SQLite's
 # reads, writes and locks of its files, a directory buffer's frame writes,
-# PostgreSQL's socket.
+# PostgreSQL's socket. (The main thread's wait for a transaction run in a
+# thread of its own, walbuf.store.interrupts, makes none strace counts the
+# same in every run: traced_writer.py interrupts it.)
 SYSCALLS = {
     "sqlite": ("pwrite64", "fcntl", "pread64"),
     "directory": ("write",),
@@ -310,6 +314,30 @@ def test_a_frame_an_interruption_cut_short_is_cut_back_before_the_next_one():
     before = sum(1 for name, what in calls if name == "before the loop" and what == "write")
     (outcome,) = interrupted_runs("directory", "write", [f"signal=SIGINT:when={before + short + 1}"], limit)
     assert outcome.caught[0] == "KeyboardInterrupt", outcome.caught
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "directory", "postgresql"])
+def test_one_or_two_interruptions_wherever_python_looks_for_signals_leave_no_transaction_open_nor_a_record_twice(kind):
+    # traced_writer.py interrupts itself at every point of a log() of a new
+    # key, a log() of known keys and a flush() where CPython would run a
+    # signal's handler, alone and with a second interruption after it.
+    with new_buffer(kind) as buffer:
+        proc = subprocess.run(
+            [sys.executable, str(TESTS / "traced_writer.py"), buffer, "0"],
+            capture_output=True,
+            text=True,
+            timeout=WAIT * 5,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        result = json.loads(proc.stdout)
+        assert result["problems"] == []
+        assert result["raised"] == []  # each interrupted call raised KeyboardInterrupt, and nothing else
+        assert result["interrupted"] > sum(result["events"].values())
+        acked = Outcome([(seq, step) for seq, step in result["acked"]], [])
+        assert records_problems(buffer, acked, (), records=None) == []
+        if kind == "directory":
+            report = walbuf.doctor(buffer)
+            assert [f for f in report.findings if not f.ok] == []
 
 
 def until(condition: Callable[[], bool], what: str) -> None:

@@ -123,8 +123,8 @@ class Writer:
     - Errors: invalid metrics or a step that goes backwards raise before
       anything is written.
     - Interruptions: a :meth:`log` that a Ctrl-C interrupts stores its
-      record once or not at all, and its step is never taken again by a
-      later log() without ``step`` (see log()).
+      record once or not at all, its step is never taken again by a later
+      log() without ``step``, and no transaction is left open (see log()).
     - Processes: picklable (its settings travel, never its connection) and
       fork-safe (a child never uses the parent's connection; it opens its own
       on first use). Safe to share between threads of one process.
@@ -295,6 +295,8 @@ class Writer:
         are two records at it, as two log() calls with one step make by
         design. RecordNotDurableError (``durability="fsync"``): the record
         was stored and a sync sends it, but it may not survive a power loss.
+        No interruption leaves the buffer inside a transaction of this
+        writer's.
 
         ``axis`` is the record's value on the step axis in W&B when that is
         not its step: a framework's own step (a trainer's global step),

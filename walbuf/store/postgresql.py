@@ -26,6 +26,7 @@ from ..errors import (
 )
 from . import machine
 from .backend import INSERT_COLUMNS, Access, Appender, Backend, Durability, Lock, WriterLock
+from .interrupts import run_whole
 
 # SQLSTATE codes (PostgreSQL's appendix A) walbuf tells apart.
 _PG_LOCK_NOT_AVAILABLE = "55P03"
@@ -606,13 +607,18 @@ class _PostgresAppender:
         So a writer holds one connection at a time: it opens on one and
         registers on another, and an idle one renews its lease on a
         connection it gives back at once. ``wait``: seconds to wait for the
-        server to have a connection to spare.
+        server to have a connection to spare. ``work`` runs whole, whatever
+        interrupts the caller (see walbuf.store.interrupts).
         """
-        with self._lock:
-            self._done = self._done or last
-            if self._connection is not None:
-                return self.run(work)
-            return self._on_session(work, wait)
+
+        def briefly() -> _T:
+            with self._lock:
+                self._done = self._done or last
+                if self._connection is not None:
+                    return self.run(work)
+                return self._on_session(work, wait)
+
+        return run_whole(briefly)
 
     def run_beside(self, work: Callable[[Any], _T], *, idle: float) -> _T | None:
         """From another thread, without waiting for anything: ``work(connection)``; None if the lease was given up.
@@ -676,7 +682,7 @@ class _PostgresAppender:
                 conn.execute("SET LOCAL synchronous_commit TO on")
                 conn.execute("UPDATE writers SET pid = pid WHERE id = %s", (writer_pk,))
 
-        self.run(flush)
+        run_whole(lambda: self.run(flush))
 
     def abandon(self) -> None:
         # Closing (or garbage-collecting) a libpq connection sends a Terminate
