@@ -34,11 +34,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from wandb_server import FakeWandb
+
 import walbuf
 from walbuf.directory.layout import Layout
 from walbuf.store import Storage, Target
 from walbuf.store.sqlite import SQLiteBackend
-from wandb_server import FakeWandb
 
 RUN = "exp"
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import struct
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -92,3 +95,22 @@ def test_missing_buffer_exits_66(tmp_path):
     assert CliRunner().invoke(main, ["doctor", str(tmp_path / "nope.db")]).exit_code == 66
     with pytest.raises(walbuf.BufferNotFoundError):
         doctor(tmp_path / "nope.db")
+
+
+@pytest.mark.backends("sqlite")
+def test_the_group_commit_file_an_older_walbuf_left_is_never_opened_and_doctor_passes(buffer):
+    # As walbuf 8a96cb1's writers left it in the lock folder: 65 pages of 4 KiB,
+    # owner-only, every slot free; bytes 8-15 count the WAL's pages.
+    make(buffer, n=2)
+    leftover = buffer.with_name(buffer.name + ".locks") / "group-commit-1"
+    left = bytearray(4096 * 65)
+    left[8:16] = struct.pack("<Q", 123 * 1024)
+    leftover.write_bytes(bytes(left))
+    leftover.chmod(0o600)
+    with walbuf.Writer(buffer, writer="w", run="r") as w:
+        w.log({"i": 2})
+        assert str(leftover) not in {os.readlink(fd) for fd in Path("/proc/self/fd").iterdir() if fd.is_symlink()}
+    assert [r.metrics["i"] for r in walbuf.read(buffer)] == [0, 1, 2]
+    report = doctor(buffer)
+    assert report.healthy, [f for f in report.findings if not f.ok]
+    assert leftover.read_bytes() == left

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sqlite3
@@ -402,3 +403,29 @@ def test_a_record_of_no_metric_is_refused_and_takes_no_step(buffer):
                 w.log(empty)
         assert w.log({"i": 1}) == 1
     assert [r.step for r in walbuf.read(buffer)] == [0, 1]
+
+
+@pytest.mark.backends("postgresql")
+def test_a_writer_whose_session_the_server_ended_logs_on_over_a_new_connection(buffer):
+    with walbuf.Writer(buffer, writer="w") as w:
+        w.log({"i": 0})
+        session = w._open.segment.appender.connection.info.backend_pid
+        run_sql(buffer, f"SELECT pg_terminate_backend({session})")
+        with contextlib.suppress(walbuf.StorageError):
+            w.log({"i": 1})  # sent down the ended session: it fails
+        assert w.log({"i": 2}) > 0
+    assert [r.metrics["i"] for r in walbuf.read(buffer)][-1] == 2
+
+
+@pytest.mark.backends("sqlite")
+def test_a_log_that_stored_nothing_leaves_its_step_to_the_next(buffer):
+    with walbuf.Writer(buffer, writer="w") as w:
+        w.log({"i": 0})
+        conn = w._open.segment.appender._cursor.connection  # a tiny disk: SQLite may not grow the file past this
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        conn.execute(f"PRAGMA max_page_count={pages}")
+        with pytest.raises(walbuf.BufferFullError):
+            w.log({"i": 1, "payload": "x" * 100_000})
+        conn.execute("PRAGMA max_page_count=1073741823")  # space freed
+        assert w.log({"i": 1}) == 1
+    assert steps(buffer) == [0, 1]

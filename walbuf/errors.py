@@ -110,11 +110,28 @@ class BufferFullError(StorageError):
 
 
 class BufferBusyError(StorageError):
-    """The database stayed locked by other processes for longer than the busy timeout."""
+    """The database stayed locked by other processes for longer than the busy timeout. Nothing was written."""
+
+
+class RecordNotDurableError(StorageError):
+    """The record was written, and a sync sends it, but it could not be made durable against a power loss (its fsync
+    failed: the disk or the filesystem's server may be failing). Its step is spent."""
 
 
 class WriterConflictError(WalbufError):
-    """Another live writer already uses this writer id in this run, or uses it with another step axis."""
+    """Another live writer already uses this writer id in this run, or uses it with another step axis; or a
+    PostgreSQL writer's lease on its id was taken over. Nothing was written."""
+
+
+# The errors a log() raises only where nothing of its record was stored: it gives its step back (see
+# walbuf.writer.Writer.log). Any other error, an interruption above all, may come after the record was stored.
+NOTHING_STORED_ERRORS = (
+    BufferBusyError,
+    BufferFullError,
+    BufferNotWritableError,
+    BufferUnavailableError,
+    WriterConflictError,
+)
 
 
 class TargetConflictError(WalbufError, ValueError):

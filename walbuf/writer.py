@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from . import expiry
 from .buffer import Location, Segment
 from .errors import (
+    NOTHING_STORED_ERRORS,
     NOTHING_WRITTEN,
     ArgumentTypeError,
     ConfigError,
@@ -121,6 +122,9 @@ class Writer:
       with its step. Steps never decrease.
     - Errors: invalid metrics or a step that goes backwards raise before
       anything is written.
+    - Interruptions: a :meth:`log` that a Ctrl-C interrupts stores its
+      record once or not at all, its step is never taken again by a later
+      log() without ``step``, and no transaction is left open (see log()).
     - Processes: picklable (its settings travel, never its connection) and
       fork-safe (a child never uses the parent's connection; it opens its own
       on first use). Safe to share between threads of one process.
@@ -261,7 +265,8 @@ class Writer:
 
     @property
     def last_step(self) -> int | None:
-        """The step of the last record of this writer (None if it has none)."""
+        """The step of the last record of this writer (None if it has none); after a log() that was interrupted,
+        the step it spent, whether its record was stored or not (see :meth:`log`)."""
         return self._opened_here().last_step
 
     def log(self, metrics: Mapping[str, Any], step: int | None = None, *, axis: int | None = None) -> int:
@@ -273,7 +278,25 @@ class Writer:
         not an int raises ArgumentTypeError. Invalid metrics raise
         MetricTypeError/MetricValueError (a record of no metric too); a key that another writer of the
         run plots against another step axis in W&B (same name after their
-        prefixes), KeyConflictError. On any error nothing is written.
+        prefixes), KeyConflictError. On these errors nothing is written.
+
+        A log() that raises stores its record once or not at all, never
+        twice. An error that says nothing was stored (BufferBusyError,
+        BufferFullError, BufferNotWritableError, BufferUnavailableError,
+        WriterConflictError, and the refusals above) leaves the step to the
+        next log(). Any other, an interruption above all (KeyboardInterrupt,
+        or what a signal handler raises, which can land just after the
+        record was stored), leaves the step spent: whether or not the record
+        was stored, the next log() without ``step`` takes the step after it,
+        so no two records share an auto step (at worst a step has none). So
+        a cell retried after Ctrl-C logs its record again at a new step,
+        beside the first one if that was stored; with an explicit ``step``,
+        the retry logs at that step, and where the first was stored there
+        are two records at it, as two log() calls with one step make by
+        design. RecordNotDurableError (``durability="fsync"``): the record
+        was stored and a sync sends it, but it may not survive a power loss.
+        No interruption leaves the buffer inside a transaction of this
+        writer's.
 
         ``axis`` is the record's value on the step axis in W&B when that is
         not its step: a framework's own step (a trainer's global step),
@@ -305,8 +328,16 @@ class Writer:
                 step = _checked_step(step, last, state.writer)
             if flat is not None and (not state.axis_claimed or not state.claimed.issuperset(flat)):
                 state.claim(flat)
-            state.segment.append(state.writer_pk, step, time.time(), payload)
+            # The step is spent before the append, and given back only where
+            # nothing was stored: an interruption can land after the record
+            # was (see the docstring), and the next log() must not take its
+            # step again.
             state.last_step = step
+            try:
+                state.segment.append(state.writer_pk, step, time.time(), payload)
+            except NOTHING_STORED_ERRORS:
+                state.last_step = last
+                raise
             if flat is not None and axis is None:
                 state.shapes.learn(flat, line_room(len(flat), state.prefix + "/"))
             return step

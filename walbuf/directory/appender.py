@@ -11,7 +11,14 @@ as they are logged.
   ``durability="fsync"``). A write that fails is cut back off the file, so
   nothing half-written stays before the next frame; where even that fails,
   the process goes on in a new file and the old one ends at the cut-off
-  frame, which readers take for its end.
+  frame, which readers take for its end. Only what lies past the last
+  whole frame is ever cut: once a frame is whole in the file a sync on this
+  host may have read it, so a failed fsync leaves it (the record is stored,
+  and RecordNotDurableError says it may not survive a power loss; the next
+  frame goes to a new file, so that a power loss can cost the old file its
+  tail, never a frame between two whole ones). A write an interruption
+  (Ctrl-C) cut short is settled before the next frame: kept if it is
+  whole, else cut back.
 - Rotation: a file older than the rotation age (WALBUF_ROTATE_SECONDS) is
   replaced by a new one at the next frame; the writers still open are noted
   in the new file first, then the old one is sealed.
@@ -37,7 +44,14 @@ import time
 from pathlib import Path
 
 from .. import expiry
-from ..errors import BufferFullError, BufferNotWritableError, ConfigError, StorageError
+from ..errors import (
+    NOTHING_STORED_ERRORS,
+    BufferFullError,
+    BufferNotWritableError,
+    ConfigError,
+    RecordNotDurableError,
+    StorageError,
+)
 from ..store.claims import Claims, Conflict
 from ..store.trust import fsync
 from . import frames
@@ -64,7 +78,10 @@ class ProcessShard:
         self._holds = 0
         self._fd = -1
         self._path: Path | None = None
-        self._size = 0
+        self._size = 0  # where the last whole frame ends in the file
+        # The length of the frame being written: until it is known whole or
+        # cut back off, the file may hold part of it past _size.
+        self._pending = 0
         self._broken = False  # a failed write could not be cut back off: the next frame goes to a new file
         self._expires = 0.0
         self._last_write = 0.0
@@ -97,6 +114,8 @@ class ProcessShard:
             if self._holds > 0 or self._fd < 0:
                 return
             try:
+                if self._pending:
+                    self._settle()
                 self._seal_current()
             except (OSError, StorageError) as exc:
                 _log.warning("could not seal shard %s: %s; a sync on this machine seals it later", self._path, exc)
@@ -127,9 +146,20 @@ class ProcessShard:
 
     def append_record(self, local: int, step: int, now: float, metrics: str, durable: bool) -> None:
         with self._lock:
-            self._append(frames.record_frame(local, step, now, metrics), durable)
             entry = self._writers[local]
-            self._last_steps[(entry.run, entry.name)] = step
+            key = (entry.run, entry.name)
+            before = self._last_steps.get(key)
+            # Spent before the append, as the writer spends it (see walbuf.writer.Writer.log): a writer opened
+            # again in this process goes on after it.
+            self._last_steps[key] = step
+            try:
+                self._append(frames.record_frame(local, step, now, metrics), durable)
+            except NOTHING_STORED_ERRORS:
+                if before is None:
+                    del self._last_steps[key]
+                else:
+                    self._last_steps[key] = before
+                raise
 
     def add_config(self, local: int, encoded: dict[str, str], kind: str, durable: bool) -> None:
         if not encoded:
@@ -154,7 +184,7 @@ class ProcessShard:
                 try:
                     os.fsync(self._fd)
                 except OSError as exc:
-                    raise self._error(exc, "could not be made durable") from exc
+                    raise self._not_durable(exc, "every record logged so far was") from exc
 
     # -- the file ---------------------------------------------------------------
 
@@ -162,33 +192,77 @@ class ProcessShard:
         """Append a frame to the live file, a new one first if this one expired or could not be written whole."""
         if self._fd < 0:
             raise StorageError("this process's shard is not held: a writer holds it while open")
+        if self._pending:
+            self._settle()
         if self._broken or time.time() >= self._expires:
             self._rotate()
         self._write(data, durable)
 
     def _write(self, data: bytes, durable: bool) -> None:
+        """Write a frame whole at the end of the file, and fsync it if ``durable``.
+
+        Raises what the write or fsync raised, as walbuf's: a write that
+        failed wrote nothing that stays (it is cut back); a failed fsync
+        leaves the frame whole (RecordNotDurableError). An interruption
+        leaves the frame pending: the next append settles it.
+        """
         fd = self._fd
+        self._pending = len(data)
         try:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
-            if durable:
-                os.fsync(fd)
         except OSError as exc:
             self._cut_back()
             raise self._error(exc, "was not written (every earlier record is intact)") from exc
         self._size += len(data)
+        self._pending = 0
         self._last_write = time.time()
+        if durable:
+            try:
+                os.fsync(fd)
+            except OSError as exc:
+                raise self._not_durable(exc, "the record was") from exc
+
+    def _settle(self) -> None:
+        """After a write that was cut short (an interruption, or a cut back that failed): keep its frame if it is
+        whole in the file, else take what it wrote off the file, so that the next frame follows a whole one."""
+        try:
+            end = os.fstat(self._fd).st_size
+        except OSError:
+            self._broken = True  # nothing here is known: go on in a new file, cutting nothing
+            return
+        if end == self._size + self._pending:
+            self._size = end  # whole: a sync may have read it, and it stays
+        elif self._size < end < self._size + self._pending:
+            self._cut_back()  # part of it: never read as a record
+            return
+        elif end != self._size:
+            self._broken = True  # not what this process wrote: go on in a new file, cutting nothing
+            return
+        self._pending = 0
 
     def _cut_back(self) -> None:
-        """After a failed write: take what it wrote off the file again, so that the next frame follows a whole one."""
+        """After a failed write: take what it wrote past the last whole frame off the file again, so that the next
+        frame follows a whole one."""
         try:
             os.ftruncate(self._fd, self._size)
         except OSError:
             self._broken = True  # readers stop at the cut-off frame, which ends the file; go on in a new one
+            return
+        self._pending = 0
 
-    def _error(self, exc: OSError, what: str) -> StorageError:
-        where = self._path
+    def _not_durable(self, exc: OSError, what: str) -> RecordNotDurableError:
+        """After a failed fsync: the frames stay, and the next goes to a new file (see the module docstring)."""
+        self._expires = 0.0
+        return RecordNotDurableError(
+            f"{self._path}: {what} written, and a sync sends it, but it could not be made durable against a power"
+            f" loss ({exc.strerror or exc}): check the disk or the filesystem's server; walbuf goes on in a new file"
+        )
+
+    def _error(self, exc: OSError, what: str, where: Path | None = None) -> StorageError:
+        """``exc`` as walbuf's error, of the file ``where`` (by default the live one)."""
+        where = where or self._path
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             return BufferFullError(
                 f"{where}: the disk is full ({exc.strerror}); the record {what}: free space"
@@ -223,8 +297,7 @@ class ProcessShard:
             except FileExistsError:
                 gen += 1  # another process of this host started one in the same nanosecond
             except OSError as exc:
-                self._path = path
-                raise self._error(exc, "was not written") from exc
+                raise self._error(exc, "was not written", path) from exc
         if first:
             try:
                 _check_host_name(self.layout, self.host, made, path)
@@ -232,33 +305,47 @@ class ProcessShard:
                 os.close(fd)
                 path.unlink()
                 raise
-        old = (self._fd, self._path)
-        self._fd, self._path, self._size, self._broken = fd, path, 0, False
+        # Its first frames are written before the process goes on in it. Where
+        # they could not be written whole it stays in the file it had, and the
+        # new one goes: nothing whole is in it, so no reader took anything from
+        # it, and a file without its process's frame could never be sealed.
+        now = time.time()
+        process = {"format": 1, "process": Process.this(self.host).to_json(), "time": now, "clock": clock}
+        head = frames.json_frame(frames.PROCESS, process) + b"".join(
+            frames.json_frame(frames.WRITER, entry.to_json(local, now)) for local, entry in self._writers.items()
+        )
+        try:
+            view = memoryview(head)
+            while view:
+                view = view[os.write(fd, view) :]
+        except BaseException as exc:
+            if not _holds(fd, len(head)):
+                os.close(fd)
+                path.unlink()
+                if isinstance(exc, OSError):
+                    raise self._error(exc, "was not written (every earlier record is intact)", path) from exc
+                raise
+            self._go_on_in(fd, path, len(head), gen)  # an interruption after the head was written whole
+            raise
+        self._go_on_in(fd, path, len(head), gen)
+
+    def _go_on_in(self, fd: int, path: Path, size: int, gen: int) -> None:
+        self._fd, self._path, self._size, self._pending, self._broken = fd, path, size, 0, False
         self._expires = gen / 1e9 + rotate_seconds()
-        try:
-            now = time.time()
-            process = {"format": 1, "process": Process.this(self.host).to_json(), "time": now, "clock": clock}
-            self._write(frames.json_frame(frames.PROCESS, process), durable=False)
-        except BaseException:
-            # Nothing whole is in it (a frame whose write failed is cut back, or cut off): no reader took anything
-            # from it, and a file without its process's frame could never be sealed.
-            os.close(fd)
-            path.unlink()
-            self._fd, self._path = old
-            raise
-        try:
-            for local, entry in self._writers.items():
-                self._write(frames.json_frame(frames.WRITER, entry.to_json(local, now)), durable=False)
-        except BaseException:
-            os.close(fd)
-            self._fd, self._path = old
-            raise
+        self._last_write = time.time()
 
     def _rotate(self) -> None:
         """Go on in a new file; seal the old one, unless it could not be written whole (then it is left live, ended
         by its cut-off frame, and a sync on this machine seals it once this process has ended)."""
         fd, path, broken = self._fd, self._path, self._broken
-        self._open_new()
+        try:
+            self._open_new()
+        finally:
+            if self._fd != fd:  # in the new file (an interruption may have come once it was)
+                self._let_go_of(fd, path, broken)
+
+    def _let_go_of(self, fd: int, path: Path | None, broken: bool) -> None:
+        """The file the process wrote before it went on in a new one: sealed, unless it was broken."""
         if broken:
             os.close(fd)
             return
@@ -305,6 +392,14 @@ class ProcessShard:
                 except StorageError as exc:
                     _log.warning("could not note in shard %s that this process runs: %s", self._path, exc)
             self._heartbeat_later()
+
+
+def _holds(fd: int, size: int) -> bool:
+    """Whether the file of ``fd`` is ``size`` bytes long."""
+    try:
+        return os.fstat(fd).st_size == size
+    except OSError:
+        return False
 
 
 def _check_host_name(layout: Layout, host: str, now: float, made: Path) -> None:

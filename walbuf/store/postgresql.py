@@ -26,11 +26,13 @@ from ..errors import (
 )
 from . import machine
 from .backend import INSERT_COLUMNS, Access, Appender, Backend, Durability, Lock, WriterLock
+from .interrupts import run_whole
 
 # SQLSTATE codes (PostgreSQL's appendix A) walbuf tells apart.
 _PG_LOCK_NOT_AVAILABLE = "55P03"
 _PG_DISK_FULL = "53100"
 _PG_UNKNOWN_DATABASE = "3D000"
+_IDLE = 0  # libpq's PQTRANS_IDLE: a connection in no statement and no transaction
 
 # A server with no connection to spare refuses a new one with SQLSTATE 53300,
 # but libpq hands a refusal at connection start over as text only (psycopg's
@@ -565,15 +567,29 @@ class _PostgresAppender:
 
     @property
     def connection(self) -> Any:
-        """The psycopg connection, opened (waiting for the server to have one to spare) if let go. Under _lock."""
-        if self._connection is None:
+        """The psycopg connection, opened (waiting for the server to have one to spare) if let go or left unusable.
+        Under _lock."""
+        conn = self._connection
+        if conn is not None and (conn.closed or conn.pgconn.transaction_status != _IDLE):
+            # Left inside a statement or a transaction (a Ctrl-C there, and
+            # another in its clean-up), or its session ended (the server
+            # restarted): closed, and so rolled back by the server; a new one.
+            self._drop()
+            conn = None
+        if conn is None:
             try:
                 self._proxy = self._engine.raw_connection()
             except sa.exc.DBAPIError as exc:
                 raise self._backend.error(exc.orig) from exc
-            self._connection = self._proxy.driver_connection
-            self._connection.autocommit = True  # one INSERT, one commit
-        return self._connection
+            conn = self._connection = self._proxy.driver_connection
+            conn.autocommit = True  # one INSERT, one commit
+        return conn
+
+    def _drop(self) -> None:
+        """Close the connection without a word to the server: it ends the session, and rolls back what it left open."""
+        proxy, self._proxy, self._connection = self._proxy, None, None
+        if proxy is not None:
+            proxy.invalidate()
 
     def run(self, work: Callable[[Any], _T]) -> _T:
         """``work(connection)`` on the writer's connection (opened if let go), its driver errors as walbuf's."""
@@ -591,13 +607,18 @@ class _PostgresAppender:
         So a writer holds one connection at a time: it opens on one and
         registers on another, and an idle one renews its lease on a
         connection it gives back at once. ``wait``: seconds to wait for the
-        server to have a connection to spare.
+        server to have a connection to spare. ``work`` runs whole, whatever
+        interrupts the caller (see walbuf.store.interrupts).
         """
-        with self._lock:
-            self._done = self._done or last
-            if self._connection is not None:
-                return self.run(work)
-            return self._on_session(work, wait)
+
+        def briefly() -> _T:
+            with self._lock:
+                self._done = self._done or last
+                if self._connection is not None:
+                    return self.run(work)
+                return self._on_session(work, wait)
+
+        return run_whole(briefly)
 
     def run_beside(self, work: Callable[[Any], _T], *, idle: float) -> _T | None:
         """From another thread, without waiting for anything: ``work(connection)``; None if the lease was given up.
@@ -629,8 +650,27 @@ class _PostgresAppender:
             raise self._backend.error(exc) from exc
 
     def append(self, params: tuple[int, int, float, str]) -> None:
+        import psycopg
+
         self._last_append = time.monotonic()
-        inserted = self.run(lambda conn: conn.execute(self._sql, params + (self._lease or ()), prepare=True).rowcount)
+        with self._lock:
+            conn = self.connection
+            try:
+                inserted = conn.execute(self._sql, params + (self._lease or ()), prepare=True).rowcount
+            except psycopg.Error as exc:
+                if exc.sqlstate is not None:  # the server refused the INSERT, whose transaction it rolled back
+                    raise self._backend.error(exc) from exc
+                self._drop()
+                raise StorageError(
+                    f"{self._backend.location}: the connection failed while the record was on its way ({exc});"
+                    " it may have been stored or not, and its step is spent: log on (the next log() connects again)"
+                ) from exc
+            except BaseException:
+                # An interruption while the statement was on its way: the
+                # connection may be left inside it. Without its session, the
+                # server commits it whole or not at all.
+                self._drop()
+                raise
         if self._lease is not None and not inserted:
             raise _taken_over(self._backend, "nothing was written; open the writer again once the other one closed")
 
@@ -642,7 +682,7 @@ class _PostgresAppender:
                 conn.execute("SET LOCAL synchronous_commit TO on")
                 conn.execute("UPDATE writers SET pid = pid WHERE id = %s", (writer_pk,))
 
-        self.run(flush)
+        run_whole(lambda: self.run(flush))
 
     def abandon(self) -> None:
         # Closing (or garbage-collecting) a libpq connection sends a Terminate

@@ -21,10 +21,8 @@ from ..errors import (
     ConfigError,
     StorageError,
 )
-from . import group_commit
 from .backend import INSERT_COLUMNS, YIELD_TO_WRITERS, Access, Appender, Backend, Durability, holding
 from .flock import FileLock, held, read_note
-from .group_commit import GroupCommit
 from .space import RESERVE_NAME, Reserve, full, is_full, room
 from .trust import Owner, fsync, make_folders
 
@@ -34,10 +32,9 @@ from .trust import Owner, fsync, make_folders
 # bench_writer.py): 1 KiB pages and a checkpoint every 10,000 pages (10 MiB
 # of WAL) gave about 1.2x the records/s of SQLite's defaults (4 KiB, 1,000).
 PAGE_SIZE = 1024  # takes effect only when the database file is created
-WAL_AUTOCHECKPOINT = 10_000  # pages (writers in a group commit checkpoint by hand at this: see group_commit.py)
+WAL_AUTOCHECKPOINT = 10_000  # pages
 RECLAIM_STEP = 1000  # pages a step of prune's reclaim gives back (see SQLiteBackend.reclaim)
 _AUTO_VACUUM_INCREMENTAL = 2  # PRAGMA auto_vacuum's answer
-_SYNCHRONOUS_NORMAL = 1  # PRAGMA synchronous's answer
 _INITIALIZE_WAIT = 60.0  # seconds a new buffer's maker waits for another one making it
 
 Journal = str  # "wal" or "delete"
@@ -94,7 +91,6 @@ class SQLiteBackend(Backend):
         self.url = sa.URL.create("sqlite", database=str(path))
         self.location = str(path)
         self.locks = locks if locks is not None else path.with_name(path.name + ".locks")
-        self._own_locks = locks is None
         self.journal = journal
         self.owner = owner
 
@@ -274,28 +270,6 @@ class SQLiteBackend(Backend):
         if not owner.folder(self.locks):
             return False
         return held(self._lock_path(name), owner)
-
-    def group_commit(self, cursor: sqlite3.Cursor) -> GroupCommit | None:
-        """A writer's place in the buffer's group commit (see walbuf.store.group_commit), for the connection of
-        ``cursor``; None where its records are committed one by one.
-
-        One by one: a database not in WAL mode, or whose lock folder is not
-        its own (a directory buffer's, which admits only the directory's
-        names), and a connection that fsyncs each commit (durability
-        "fsync"), whose records must not go in with another's commit, which
-        does not.
-        """
-        if (
-            self.journal != "wal"
-            or not self._own_locks
-            or cursor.execute("PRAGMA synchronous").fetchone()[0] != _SYNCHRONOUS_NORMAL
-        ):
-            return None
-        owner = self._lock_file(group_commit.NAME)[1]  # makes the folder, as for a lock
-        try:
-            return GroupCommit.join(self.locks / group_commit.NAME, owner, cursor)
-        except OSError as exc:
-            raise self._os_error(exc) from exc
 
     def writer_lock(self, name: str, appender: Appender | None = None) -> _WriterFileLock:
         return _WriterFileLock(self, *self._lock_file(name))
@@ -523,31 +497,12 @@ class _SQLiteAppender:
         assert isinstance(driver, sqlite3.Connection)
         self._cursor = driver.cursor()
         self._sql = f"INSERT INTO records {INSERT_COLUMNS} VALUES (?, ?, ?, ?)"
-        try:
-            self._group = backend.group_commit(self._cursor)
-        except BaseException as exc:
-            self._cursor.close()
-            self._proxy.close()
-            if isinstance(exc, sqlite3.Error):
-                raise backend.error(exc) from exc
-            raise
 
     def append(self, params: tuple[int, int, float, str]) -> None:
         try:
-            if self._group is not None:
-                text = params[3].encode()
-                if len(text) <= group_commit.ROOM:
-                    self._group.commit(params, text)
-                else:
-                    self._group.commit_unslotted(params)
-                return
             self._cursor.execute(self._sql, params)
         except sqlite3.Error as exc:
             raise self._backend.error(exc) from exc
-        except OSError as exc:  # of the lock the writers take turns by: not seen
-            raise StorageError(
-                f"{self._backend.locks / group_commit.NAME}: {exc.strerror}, while the record waited for its commit"
-            ) from exc
 
     def flush(self, writer_pk: int) -> None:
         # In the default durability SQLite defers the fsync of its WAL to
@@ -565,7 +520,5 @@ class _SQLiteAppender:
         pass
 
     def close(self) -> None:
-        if self._group is not None:
-            self._group.leave()
         self._cursor.close()
         self._proxy.close()

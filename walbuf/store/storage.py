@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import sqlalchemy as sa
 
@@ -32,6 +32,7 @@ from ..errors import (
 from ..record import Record, Value, read_metrics
 from .backend import DURABILITY_LEVELS, Access, Appender, Backend, Durability, Lock
 from .claims import Claims, Conflict, claim
+from .interrupts import run_whole
 from .schema import (
     HEAD_REVISION,
     buffer_revision,
@@ -49,6 +50,7 @@ from .space import is_full, room
 from .target import Target, set_target
 
 _log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 DEFAULT_BUSY_TIMEOUT = 60.0  # seconds; a writer waits this long for the write lock
 
@@ -260,6 +262,17 @@ class Storage:
                         self.backend.fence(conn)
                     yield conn
 
+    def write(self, work: Callable[[sa.Connection], _T]) -> _T:
+        """``work(conn)`` in a write transaction (see :meth:`begin_write`) that no interruption of the caller leaves
+        open: committed if work returns, else rolled back, whatever a Ctrl-C meanwhile does (see
+        walbuf.store.interrupts). For a writer's transactions, which a notebook user may interrupt."""
+
+        def whole() -> _T:
+            with self.begin_write() as conn:
+                return work(conn)
+
+        return run_whole(whole)
+
     @contextmanager
     def begin_read(self) -> Iterator[sa.Connection]:
         """A read transaction: one consistent snapshot of the buffer."""
@@ -371,7 +384,8 @@ class Storage:
         prefix, TargetConflictError if the run has another target.
         """
         now = time.time()
-        with self.begin_write() as conn:
+
+        def register(conn: sa.Connection) -> tuple[int, int | None]:
             writer_id, new = find_writer(conn, run, writer, step_axis, prefix, host, pid, target, now)
             values = {"host": host, "pid": pid, "opened_at": now, "closed_at": closed_at, "close_exit": close_exit}
             if closed_at is None:
@@ -388,6 +402,8 @@ class Storage:
                 sa.select(records.c.step).where(records.c.writer_id == writer_id).order_by(records.c.id.desc()).limit(1)
             )
             return writer_id, last_step if last_step is not None else row.pruned_step
+
+        return self.write(register)
 
     def keep_room(self) -> None:
         """Before an upload: make sure the room its confirmation needs is kept aside (see walbuf.store.space).
@@ -467,26 +483,24 @@ class Storage:
     def claim_keys(self, writer_pk: int, wanted: Claims) -> Conflict | None:
         """Claim W&B keys for the writer's step axis (see walbuf.store.claims); the conflict, claiming nothing, if
         any."""
-        with self.begin_write() as conn:
-            return claim(conn, writer_pk, wanted)
+        return self.write(lambda conn: claim(conn, writer_pk, wanted))
 
     def mark_closed(self, writer_pk: int, exit_code: int = 0) -> None:
         """Note that the writer closed (it logs nothing more until it opens again), with ``exit_code`` (1: failed)."""
-        with self.begin_write() as conn:
-            conn.execute(
-                writers.update().where(writers.c.id == writer_pk).values(closed_at=time.time(), close_exit=exit_code)
+        now = time.time()
+        self.write(
+            lambda conn: conn.execute(
+                writers.update().where(writers.c.id == writer_pk).values(closed_at=now, close_exit=exit_code)
             )
+        )
 
     def add_config(self, writer_pk: int, encoded: dict[str, str], kind: ConfigKind = "config") -> None:
         """Store config or summary entries (key -> JSON text) of a writer, in one transaction."""
         if not encoded:
             return
         now = time.time()
-        with self.begin_write() as conn:
-            conn.execute(
-                config_entries.insert(),
-                [{"writer_id": writer_pk, "kind": kind, "key": k, "value": v, "time": now} for k, v in encoded.items()],
-            )
+        rows = [{"writer_id": writer_pk, "kind": kind, "key": k, "value": v, "time": now} for k, v in encoded.items()]
+        self.write(lambda conn: conn.execute(config_entries.insert(), rows))
 
     def read(
         self, run: str | None = None, writer: str | None = None, *, quarantined: bool = False, up_to: int | None = None
