@@ -47,7 +47,10 @@ marked nothing synced.
 
 By default each syscall is killed at POINTS calls spread evenly over its
 count, its last call among them; ``WALBUF_CRASH_POINTS=all`` kills at every
-call (the full sweep), ``WALBUF_CRASH_POINTS=K`` at K. Each test prints
+call (the full sweep), ``WALBUF_CRASH_POINTS=K`` at K, and
+``WALBUF_CRASH_AT=N[,N...]`` at those calls only (to see a point again:
+where threads share the calls differently, or another process commits
+the writer's records, it may land elsewhere). Each test prints
 its tally (`pytest -rP`) and keeps it in pytest's cache; the module prints
 the table of all it ran at its end (docs/testing.md, "Crash points").
 """
@@ -127,6 +130,14 @@ def points_wanted() -> str:
     if wanted != "all" and not (wanted.isdigit() and int(wanted) >= 1):
         raise pytest.UsageError(f"WALBUF_CRASH_POINTS is {wanted!r}: give a number of points per syscall, or all")
     return wanted
+
+
+def chosen() -> list[int]:
+    """WALBUF_CRASH_AT=N[,N...]: kill at exactly these calls (to see one point again), else none chosen."""
+    wanted = os.environ.get("WALBUF_CRASH_AT", "")
+    if wanted and not all(n.isdigit() and int(n) >= 1 for n in wanted.split(",")):
+        raise pytest.UsageError(f"WALBUF_CRASH_AT is {wanted!r}: give calls to kill at, N[,N...]")
+    return sorted({int(n) for n in wanted.split(",")}) if wanted else []
 
 
 def jobs() -> int:
@@ -229,7 +240,8 @@ class Hit:
         if name == "unlinkat" and found and found[2] is not None:
             path = found[2]  # the name in the folder the descriptor is
         base = re.sub(r":\[\d+\]$", "", path.rstrip("/").rpartition("/")[2] or path)  # pipe:[123] -> pipe
-        base = re.sub(r"^(run-\d+_\d+-)\w+$|^(tmp)[a-z0-9_]{8}", r"\1\2ID", base)  # wandb's, tempfile's random names
+        # Random names: wandb's run folders, tempfile's, and writer ids' lock files.
+        base = re.sub(r"^(run-\d+_\d+-)\w+$|^(tmp)[a-z0-9_]{8}|^(writer-)[0-9a-f]{24}(?=\.lock$)", r"\1\2\3ID", base)
         return f"{self.program} {name}({re.sub(r'[0-9]{4,}', 'N', base)})"
 
 
@@ -539,7 +551,8 @@ def crash_writer(kind: str, syscall: str | None, when: int, folder: Path) -> tup
     ran = traced.ran
     beside = companion.end()
     if ran.hung:
-        point.fail(f"the writer hung: {ran.said()}")
+        point.tally["points where a process hung"] += 1
+        point.fail(f"the writer hung (killed after {TIMEOUT:g}s): {ran.said()}")
         return point, traced
     tell_kill(point, traced, when)
     if ran.returncode not in (0, -signal.SIGKILL):
@@ -548,7 +561,10 @@ def crash_writer(kind: str, syscall: str | None, when: int, folder: Path) -> tup
     acked = {(writer, step) for writer, steps in acks.records.items() for step in steps}
     point.tally["records acknowledged"] += len(acked)
     if beside is not None:
-        if beside.returncode != 0:
+        if beside.hung:
+            point.tally["points where a process hung"] += 1
+            point.fail(f"the companion writer hung (killed {TIMEOUT:g}s after it was told to close): {beside.said()}")
+        elif beside.returncode != 0:
             point.fail(f"the companion writer failed ({beside.returncode}): {beside.said()}")
         companion_acks = Acks.of(beside.stdout)
         point.tally["records acknowledged by the companion"] += sum(map(len, companion_acks.records.values()))
@@ -705,9 +721,12 @@ def crash_syncer(kind: str, filled: Filled, syscall: str | None, when: int, fold
         ran = traced.ran
         closed = open_writer.close()
         if ran.hung:
-            point.fail(f"the sync hung: {ran.said()}")
+            point.tally["points where a process hung"] += 1
+            point.fail(f"the sync hung (killed after {TIMEOUT:g}s): {ran.said()}")
             return point, traced
         tell_kill(point, traced, when)
+        if closed.hung:
+            point.tally["points where a process hung"] += 1
         if closed.returncode != 0:
             point.fail(f"the writer open during the sync could not close ({closed.returncode}): {closed.said()}")
         acks = Acks.of(open_writer.out.decode())
@@ -812,7 +831,7 @@ class Harness:
             outcome.set_exception(exc)
             return
         calls = traced.counts.get(syscall, {})
-        whens = spread(max(calls.values(), default=0), points_wanted())
+        whens = chosen() or spread(max(calls.values(), default=0), points_wanted())
         outcome.set_result(Outcome(calls, [(n, self.pool.submit(self.crash, kind, actor, syscall, n)) for n in whens]))
 
     def crash(self, kind: str, actor: str, syscall: str | None, when: int) -> tuple[Point, Traced]:
