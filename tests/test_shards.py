@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -66,8 +67,8 @@ def files(directory, part, suffix="log"):
     return sorted(p.name for p in (Path(directory) / part).rglob(f"*.{suffix}"))
 
 
-def sync_on(server, host, directory, *args, quiet=True):
-    return run_sync(server, directory, *args, env={ENV_HOST: host}, quiet=quiet)
+def sync_on(server, host, directory, *args, quiet=True, prefix=()):
+    return run_sync(server, directory, *args, env={ENV_HOST: host}, quiet=quiet, prefix=prefix)
 
 
 def status_on(host, directory):
@@ -158,6 +159,92 @@ def test_a_writer_reopened_after_its_process_was_killed_continues_from_its_last_
     victim.wait()
     with on_host("k"), walbuf.Writer(directory, writer="ra", run="exp") as w:
         assert w.last_step == 249
+
+
+REOPEN = "import sys, walbuf; print('next', walbuf.Writer(sys.argv[1], writer='ra', run='exp').log({'i': -1}))"
+
+
+def strace_or_skip():
+    return shutil.which("strace") or pytest.skip("strace is missing: apt-get install strace")
+
+
+def test_a_writer_reopened_after_its_process_was_killed_reads_a_shard_sealed_while_it_looked(directory, tmp_path):
+    # Its next holder reads every shard, oldest first, for its last step.
+    # The dead process's shard is sealed (renamed into sealed/, as a sync on
+    # this host seals it) after the holder listed it, before it opens it:
+    # strace stops the holder just after it opened the shard before it (its
+    # Nth open of that one, counted in a clean run on a copy of the buffer),
+    # the test moves the dead process's shard, and the holder goes on.
+    strace = strace_or_skip()
+    log_on("k", directory, "other", 1)  # the older shard
+    (older,) = Path(directory, "sealed").glob("*.log")
+    victim = host_writer(directory, "k", "ra", 250, "stay")
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    (live,) = Path(directory, "live", "k").glob("*.log")
+    copy = tmp_path / "copy"
+    shutil.copytree(directory, copy, symlinks=True)
+    paths = ["-P", str(copy / "sealed" / older.name), "-P", str(copy / "live" / "k" / live.name)]
+    clean = subprocess.run(
+        [strace, "-f", "-qq", "-o", "/dev/stderr", *paths, "-e", "trace=openat", sys.executable, "-c", REOPEN]
+        + [f"{copy}/"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, ENV_HOST: "k"},
+    )
+    assert clean.stdout == "next 250\n", clean.stderr
+    opens = [line for line in clean.stderr.splitlines() if "openat(" in line]
+    last = max(i for i, line in enumerate(opens) if live.name in line)  # the read for the last step
+    assert older.name in opens[last - 1]  # the older shard is read just before it
+    when = sum(older.name in line for line in opens[:last])
+    trace = tmp_path / "trace"
+    holder = subprocess.Popen(
+        [strace, "-f", "-qq", "-o", str(trace), "-P", str(older), "-e", "trace=openat"]
+        + ["-e", f"inject=openat:signal=SIGSTOP:when={when}", sys.executable, "-c", REOPEN, directory],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, ENV_HOST: "k"},
+    )
+    try:
+        until(lambda: trace.exists() and "stopped by SIGSTOP" in trace.read_text(), "the holder did not stop")
+        os.rename(live, Path(directory, "sealed", f"k.{int(live.stem)}.log"))
+        os.kill(int(trace.read_text().split()[0]), signal.SIGCONT)
+        out, err = holder.communicate(timeout=120)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+    assert (holder.returncode, out) == (0, "next 250\n"), err
+
+
+def test_a_writer_reopened_after_its_process_was_killed_rolls_back_what_a_sync_killed_mid_transaction_left(
+    server, directory
+):
+    # The sync is killed as it ends a transaction on the hub (at the unlink of
+    # its rollback journal): the journal stays, which a read-only reader
+    # cannot roll back. Each of the sync's first transactions in turn.
+    strace = strace_or_skip()
+    journal = Path(directory, "hub.db-journal")
+    for when in (1, 2, 3):
+        victim = host_writer(directory, "k", "ra", 10, "stay")
+        victim.send_signal(signal.SIGKILL)  # it notes no last step as it dies
+        victim.wait()
+        inject = ["-P", str(journal), "-e", "trace=unlink", "-e", f"inject=unlink:signal=SIGKILL:when={when}"]
+        killed = sync_on(server, "k", directory, prefix=[strace, "-f", "-qq", "-o", os.devnull, *inject])
+        assert killed.returncode == -signal.SIGKILL and journal.exists(), killed.stderr
+        with on_host("k"), walbuf.Writer(directory, writer="ra", run="exp") as w:
+            assert w.last_step == 10 * when - 1
+    assert sync_on(server, "k", directory).returncode == 0
+    assert [step for step, _ in rows_of(the_run(server), "ra")] == list(range(30))
+
+
+def until(condition, what):
+    """Look until ``condition()`` holds (an event in /proc or a file); fail if it never does (a bound, not a pace)."""
+    deadline = time.monotonic() + 120
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
 
 
 def test_a_writer_id_is_owned_across_hosts_where_locks_span_them(directory):

@@ -15,7 +15,7 @@ import time
 from contextlib import closing
 from urllib.parse import quote
 
-from ..errors import BufferBusyError, NotABufferError, StorageError
+from ..errors import BufferBusyError, BufferCorruptError, NotABufferError, StorageError
 from ..store import Durability, Target
 from ..store.backend import WriterLock
 from ..store.claims import Claims, Conflict
@@ -25,7 +25,8 @@ from ..store.storage import ConfigKind, writer_lock_name
 from .appender import ProcessShard, process_shard
 from .frames import Unread, WriterEntry
 from .layout import Layout, hub_backend
-from .shard import Logged, Opened, ShardReader
+from .shard import BadFrame, Logged, Opened, open_where_now
+from .sync_host import written_elsewhere
 
 HUB_WAIT = 60.0  # seconds a writer's start waits for a sync's transaction on the hub (see _hub_last_step)
 
@@ -109,20 +110,29 @@ def last_step_anywhere(layout: Layout, run: str, writer: str) -> int | None:
     """The last step ``writer`` of ``run`` logged in any shard or in the hub; None if none.
 
     Read where the step its previous holder noted is not known (it died,
-    or an older walbuf closed it): every shard is read whole.
+    or an older walbuf closed it): every shard is read whole, where it is
+    when read (a shard sealed or taken in since the listing is read there).
+    A shard's frames past one walbuf would not write are not read (a sync
+    reports it).
     """
     steps = []
     for shard in layout.shards():
-        with ShardReader(layout, shard) as log:
+        log = open_where_now(layout, shard)
+        if log is None:
+            continue  # pruned since the listing: the hub holds its steps
+        with log:
             mine: set[int] = set()
-            for item in log.events(0, set(), unread=True):
-                if isinstance(item, Unread):
-                    continue
-                event = item[1]
-                if isinstance(event, Opened) and (event.entry.run, event.entry.name) == (run, writer):
-                    mine.add(event.local)
-                elif isinstance(event, Logged) and event.local in mine:
-                    steps.append(event.step)
+            try:
+                for item in log.events(0, set(), unread=True):
+                    if isinstance(item, Unread):
+                        continue
+                    event = item[1]
+                    if isinstance(event, Opened) and (event.entry.run, event.entry.name) == (run, writer):
+                        mine.add(event.local)
+                    elif isinstance(event, Logged) and event.local in mine:
+                        steps.append(event.step)
+            except BadFrame:
+                pass  # the steps before it count; the sync says what the shard holds
     hub = _hub_last_step(layout, run, writer)
     if hub is not None:
         steps.append(hub)
@@ -136,6 +146,9 @@ def _hub_last_step(layout: Layout, run: str, writer: str) -> int | None:
     sync of this walbuf upgraded the hub). A sync's transaction under way on
     the hub (on another host, whose lock this host may not see) is waited
     out: read again until HUB_WAIT seconds have passed, then BufferBusyError.
+    Where every sync's locks are seen here, the transaction a sync that died
+    left is rolled back first, and a hub that reads as damaged raises
+    BufferCorruptError at once.
     """
     if layout.owner.entry(layout.hub) is None:
         return None
@@ -148,6 +161,8 @@ def _hub_last_step(layout: Layout, run: str, writer: str) -> int | None:
                 conn.execute("BEGIN")
                 objects = conn.execute("SELECT type, name, tbl_name FROM sqlite_master").fetchall()
                 check_objects(foreign_objects(objects), str(layout.hub))
+                if ("table", "writers") not in {(kind, name) for kind, name, _ in objects}:
+                    return None  # made by a sync that died before its first revision was committed
                 row = conn.execute(
                     "SELECT w.id, w.pruned_step FROM writers w JOIN runs r ON r.id = w.run_id"
                     " WHERE r.name = ? AND w.name = ?",
@@ -163,14 +178,43 @@ def _hub_last_step(layout: Layout, run: str, writer: str) -> int | None:
         except NotABufferError:
             raise
         except sqlite3.Error as exc:
-            if failure(exc) not in ("busy", "read-only", "corrupt"):
+            kind = failure(exc)
+            if kind not in ("busy", "read-only", "corrupt"):
                 raise StorageError(f"{layout.hub} could not be read ({exc})") from exc
-            # A journal or pages of a transaction under way, on a host whose lock this one may not see.
+            elsewhere = written_elsewhere(layout)
+            if elsewhere is None and kind == "corrupt":
+                # Every sync's locks are seen here: no transaction under way shows it half written.
+                raise BufferCorruptError(
+                    f"{layout.hub} is damaged ({exc}): the writer cannot tell its last step; run walbuf doctor"
+                ) from exc
+            if elsewhere is None and kind == "read-only":
+                # A journal no process holds SQLite's lock on (those are seen
+                # here): the transaction of a sync that died. A read-only
+                # reader cannot roll it back; a reader that may write does, as
+                # the next sync would, under SQLite's own lock.
+                _roll_back_dead_sync(layout)  # then read again
+            # Else pages of a transaction under way, on a host whose lock this one may not see.
             if time.monotonic() >= deadline:
                 raise BufferBusyError(
-                    f"{layout.hub} could not be read whole for {HUB_WAIT:g}s ({exc}): a sync (maybe on another"
-                    " host) is writing it; retry once it has ended"
+                    f"{layout.hub} could not be read whole for {HUB_WAIT:g}s ({exc}): a sync on"
+                    f" {elsewhere or 'this host'} is writing it, or died while it did; retry once it has ended (run"
+                    f" walbuf sync on {elsewhere or 'this host'} if none runs)"
                 ) from exc
             _log.info("waiting for a sync's transaction on %s to end", layout.hub)
             time.sleep(pause)  # no event tells when another host's transaction ends: look again, less often
             pause = min(pause * 2, 1.0)
+
+
+def _roll_back_dead_sync(layout: Layout) -> None:
+    """Roll back the transaction a sync that died left in the hub (its rollback journal), as SQLite does at the
+    first read of a connection that may write; a sync that starts meanwhile waits for it (SQLite's lock)."""
+    try:
+        with closing(sqlite3.connect(f"file:{quote(str(layout.hub))}?mode=rw", uri=True)) as conn:
+            harden(conn)
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchall()
+    except sqlite3.Error as exc:
+        if failure(exc) != "busy":  # busy: another process rolls it back, or a sync began
+            raise StorageError(
+                f"{layout.hub} holds the unfinished transaction of a sync that died, and it could not be rolled"
+                f" back here ({exc}): run walbuf sync, which does"
+            ) from exc

@@ -271,6 +271,20 @@ def _writer(value: dict[str, object]) -> WriterEntry:
     return WriterEntry(run, name, axis, prefix, host, pid, wandb_target)
 
 
+def open_where_now(layout: Layout, shard: Shard) -> ShardReader | None:
+    """A reader of ``shard`` where it is now: where it was listed, or sealed or taken in since; None if it is gone
+    (pruned). Raises what ShardReader raises, ShardGone aside."""
+    for _ in range(3):  # live, sealed, ingested: each move goes one way
+        try:
+            return ShardReader(layout, shard)
+        except ShardGone:
+            moved = layout.moved(shard)
+            if moved is None:
+                return None
+            shard = moved
+    return None
+
+
 def first_process(layout: Layout, shard: Shard) -> Process | None:
     """The process a log shard names in its first frame; None if that frame is not whole yet (just made, or cut off).
 

@@ -24,7 +24,7 @@ from ..store.storage import stored_metrics
 from .frames import Unread
 from .host import Process
 from .layout import Layout, Shard
-from .shard import Heard, Item, Logged, Opened, ShardError, ShardGone, ShardReader, Started, Unnamed
+from .shard import Heard, Item, Logged, Opened, ShardError, ShardGone, ShardReader, Started, Unnamed, open_where_now
 
 
 @dataclass(frozen=True)
@@ -169,13 +169,9 @@ def records_not_in_hub(
     if cursor.ended and not cursor.gaps:
         return
     names = {local: (r, w) for local, (_, r, w) in view.names.get(shard.id, {}).items()}
-    try:
-        log = ShardReader(layout, shard)
-    except ShardGone:
-        moved = layout.moved(shard)
-        if moved is None:
-            return  # sealed by another host, and not listed here yet: the next look reads it
-        log = ShardReader(layout, moved)
+    log = open_where_now(layout, shard)
+    if log is None:
+        return  # sealed by another host and not listed here yet, or pruned: the next look reads it
     with log:
         known = set(names)
         parts: list[Iterator[Item]] = [log.events(g.start, known, end=g.until, unread=True) for g in cursor.gaps]
