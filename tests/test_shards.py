@@ -230,7 +230,8 @@ def test_a_writer_reopened_after_its_process_was_killed_rolls_back_what_a_sync_k
         victim = host_writer(directory, "k", "ra", 10, "stay")
         victim.send_signal(signal.SIGKILL)  # it notes no last step as it dies
         victim.wait()
-        inject = ["-P", str(journal), "-e", "trace=unlink", "-e", f"inject=unlink:signal=SIGKILL:when={when}"]
+        inject = ["-P", str(journal), "-e", "trace=unlink,unlinkat"]
+        inject += ["-e", f"inject=unlink,unlinkat:signal=SIGKILL:when={when}"]
         killed = sync_on(server, "k", directory, prefix=[strace, "-f", "-qq", "-o", os.devnull, *inject])
         assert killed.returncode == -signal.SIGKILL and journal.exists(), killed.stderr
         with on_host("k"), walbuf.Writer(directory, writer="ra", run="exp") as w:
@@ -418,6 +419,38 @@ def test_prune_removes_a_dead_writers_sealed_shard_once_the_hub_holds_it(server,
     assert len(files(directory, "sealed")) == 1
     assert prune(directory, older_than=0).shards_removed == 1
     assert files(directory, "sealed") == [] and steps_of(the_run(server), "rk") == list(range(5))
+
+
+def test_a_prune_that_finds_a_shard_gone_another_prune_removed_meanwhile_goes_on_and_exits_0(server, directory):
+    # Two prunes at once (two cron jobs): strace stops the first just after
+    # it removed the first of two ingested shards; the second prune removes
+    # the other; then the first goes on and finds it gone.
+    strace = strace_or_skip()
+    log_on("a", directory, "ra", 3)
+    log_on("b", directory, "rb", 2)
+    assert sync_on(server, "s", directory).returncode == 0
+    first, _ = sorted(Path(directory, "ingested").glob("*.log"))
+    trace = Path(directory).parent / "trace"
+    inject = ["-P", str(first), "-e", "trace=unlink,unlinkat", "-e", "inject=unlink,unlinkat:signal=SIGSTOP:when=1"]
+    stopped = subprocess.Popen(
+        [strace, "-f", "-qq", "-o", str(trace), *inject, sys.executable, "-m", "walbuf", "prune", directory]
+        + ["--older-than", "0s"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        until(lambda: trace.exists() and "stopped by SIGSTOP" in trace.read_text(), "the prune did not stop")
+        assert prune(directory, older_than=0).shards_removed == 1
+        os.kill(int(trace.read_text().split()[0]), signal.SIGCONT)
+        out, err = stopped.communicate(timeout=120)
+    finally:
+        if stopped.poll() is None:
+            stopped.kill()
+            stopped.wait()
+    assert stopped.returncode == 0, err
+    assert files(directory, "ingested") == [] and files(directory, "sealed") == []
+    assert doctor(directory).healthy
 
 
 def hub_offset(directory):

@@ -266,28 +266,38 @@ class DirectoryBuffer:
         cutoff = time.time() - older_than
         removed, kept = 0, []
         scan = layout.scan()
+        # A shard moved or removed since the listing (by a sync, or another
+        # prune) raises FileNotFoundError at the step that finds it gone: it
+        # is left to the next prune, and the hub's place in it kept.
         for older in scan.older:
-            if older.state == "ingested" and os.lstat(older.path).st_mtime < cutoff:
-                older.path.unlink()  # an older walbuf's, taken in whole (walbuf.directory.upgrade)
-                removed += 1
+            try:
+                if older.state == "ingested" and os.lstat(older.path).st_mtime < cutoff:
+                    older.path.unlink()  # an older walbuf's, taken in whole (walbuf.directory.upgrade)
+                    removed += 1
+            except FileNotFoundError:
+                continue
         view = hub_view(hub)
         ended = [s for s in scan.shards if s.state == "sealed"]
         for shard in [*(s for s in scan.shards if s.state == "ingested"), *ended]:
-            # A shard is last written when sealed: its records are older.
-            if os.lstat(shard.path).st_mtime >= cutoff:
-                continue
             try:
+                # A shard is last written when sealed: its records are older.
+                if os.lstat(shard.path).st_mtime >= cutoff:
+                    continue
                 covered = hub is not None and _whole_in_hub(layout, view, shard)
+                if covered:
+                    shard.path.unlink()
+                elif shard.state == "ingested":
+                    os.replace(shard.path, shard.filed(layout.sealed))
+            except (FileNotFoundError, ShardGone):
+                continue
             except StorageError as exc:
                 kept.append(f"{shard.state} shard {shard.id} was kept: {exc}")
                 continue
             if covered:
-                shard.path.unlink()
                 if hub is not None:
                     forget(hub, shard.id)  # after the file: a prune killed between leaves a row, never a file unknown
                 removed += 1
             elif shard.state == "ingested":
-                os.replace(shard.path, shard.filed(layout.sealed))
                 kept.append(
                     f"ingested shard {shard.id} holds records the hub lacks: it went back to sealed/,"
                     " and the next sync takes them in"
