@@ -397,7 +397,7 @@ def test_a_failed_fsync_leaves_the_frame_a_sync_took_in_and_every_acknowledged_r
                 proc.kill()
                 proc.wait()
         second = walbuf.sync(buffer)
-        assert second.set_aside == () and second.refused == ()
+        assert second.refused == () and not second.needs_a_person
         arrived = [(metrics["seq"], step) for step, metrics in rows_of(fake_run, "w")]
         assert sorted(set(arrived)) == arrived  # none twice, in order
         # Each acknowledged record, and the one whose fsync failed (stored, not durable), at its step.

@@ -55,8 +55,7 @@ class _Job(Generic[_T]):
 
     def run(self) -> None:
         try:
-            with _turn:
-                self._result.append(self._work())
+            self._result.append(self._work())
         except BaseException as exc:
             self._error = exc
         finally:
@@ -69,14 +68,17 @@ class _Job(Generic[_T]):
         return self._result[0]
 
 
-# Held while a job runs: a second worker (started where an interruption came
-# between a worker's start and its note below) still runs jobs one at a time.
-_turn = _thread.allocate_lock()
 _jobs: SimpleQueue[_Job[object]] = SimpleQueue()
+# Taken for good by the one worker that serves _jobs: a second worker (started
+# where an interruption came between a worker's start and the note of it in
+# _worker_of) ends at once, so jobs run one at a time, in the order asked.
+_serving = _thread.allocate_lock()
 _worker_of = 0  # the process whose worker serves _jobs (0: none yet; a forked child starts its own)
 
 
-def _serve(jobs: SimpleQueue[_Job[object]]) -> None:
+def _serve(jobs: SimpleQueue[_Job[object]], serving: _thread.LockType) -> None:
+    if not serving.acquire(False):
+        return
     while True:
         jobs.get().run()
 
@@ -94,7 +96,7 @@ def run_whole(work: Callable[[], _T]) -> _T:
         return work()
     if _worker_of != os.getpid():
         try:
-            _thread.start_new_thread(_serve, (_jobs,))
+            _thread.start_new_thread(_serve, (_jobs, _serving))
         except RuntimeError:
             # No thread may start while the interpreter shuts down (Python
             # 3.12+): a writer closed at exit runs its transaction itself.
@@ -106,9 +108,9 @@ def run_whole(work: Callable[[], _T]) -> _T:
 
 
 def _after_fork_in_child() -> None:
-    global _turn, _jobs, _worker_of
-    # The parent's worker is not the child's, and may have held the turn.
-    _turn, _jobs, _worker_of = _thread.allocate_lock(), SimpleQueue(), 0
+    global _serving, _jobs, _worker_of
+    # The parent's worker is not the child's, and holds the parent's lock.
+    _serving, _jobs, _worker_of = _thread.allocate_lock(), SimpleQueue(), 0
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
