@@ -95,7 +95,7 @@ class DirectoryBuffer:
         return written_elsewhere(self.layout) is not None or self._hub().lock_held("sync")
 
     def writer_alive(self, run: str, writer: str) -> bool:
-        """Whether a process holds ``writer`` of ``run`` open now. Changes nothing.
+        """Whether a process holds ``writer`` of ``run`` open now. Changes no shard and not the hub.
 
         Open where its lock in locks/ is held as this host sees it (locks
         may not span hosts), or where a shard the hub has taken in names it

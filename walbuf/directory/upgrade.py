@@ -16,8 +16,9 @@ A sync of this walbuf, before it upgrades the hub (revision 0012 drops
    lacks (by those cursors), and its writers' opens and closes, as frames
    into ``sealed/HOST.GEN.log`` (made in ``locks/upgrade.part``, then
    renamed), and moves the older shard to ``ingested/`` (prune removes it).
-   A crash between the two leaves a shard of frames of that id: the next
-   sync only moves the older shard on. Nothing is taken twice.
+   A crash between the two leaves both: the next sync makes the same shard
+   of frames again over the first (from the same shard and cursors), before
+   any sync takes it in. Nothing is taken twice.
 3. names the older live shards it cannot take in: in use on this host, or
    of another host, whose processes only a sync there can judge. While one
    remains, the hub is not upgraded (its cursors are still needed), and the
