@@ -16,6 +16,7 @@ import sys
 import pytest
 from conftest import require_strace
 
+import walbuf
 from walbuf.directory.layout import ENV_HOST, Layout
 from walbuf.directory.mounts import ENV_LOCKS_SPAN
 from walbuf.directory.sync_host import claim
@@ -115,3 +116,9 @@ def test_a_temporary_of_another_host_is_left_to_it_and_not_listed_as_not_opened(
     claim(layout)
     assert temporaries(layout) == [left]  # its host's claim may be under way: only that host removes it
     assert layout.strangers() == []  # its name is one walbuf gives: sync, status and doctor do not list it
+
+
+def test_doctor_says_every_sync_is_refused_while_the_sync_host_file_names_no_host(layout):
+    (layout.root / "sync-host").write_bytes(b"")
+    (found,) = [f for f in walbuf.doctor(f"{layout.root}/").findings if f.check == "filesystem"]
+    assert not found.ok and "names no host" in found.detail and "--take-over" in found.advice
