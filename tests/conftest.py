@@ -16,6 +16,7 @@ import tempfile
 import threading
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -492,3 +493,27 @@ def writer_frame(local, name, run="exp", project=None):
             "time": time.time(),
         },
     )
+
+
+def require_strace() -> str:
+    """strace's path: a test that injects faults with it fails in CI without it, and is skipped elsewhere."""
+    strace = shutil.which("strace")
+    if strace is None:
+        message = "strace is missing: apt-get install strace"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return strace
+
+
+def until(condition: Callable[[], bool], what: str, bound: float = 120.0) -> None:
+    """Look until ``condition()`` holds (an event in /proc, a line in a trace); fail the test if it does not within
+    ``bound`` seconds (a bound, not a pace)."""
+    gave_up = threading.Event()
+    timer = threading.Timer(bound, gave_up.set)
+    timer.start()
+    try:
+        while not condition():
+            assert not gave_up.is_set(), what
+    finally:
+        timer.cancel()

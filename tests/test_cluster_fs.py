@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -18,7 +19,9 @@ from pathlib import Path
 
 import fsbed
 import pytest
-from conftest import rows_of, run_sync, the_run, walbuf_command
+from conftest import require_strace, rows_of, run_sync, the_run, until, walbuf_command
+
+from walbuf.directory.layout import Layout
 
 pytestmark = pytest.mark.slow  # mounts, real processes and syncs
 
@@ -192,6 +195,85 @@ def test_where_locks_do_not_span_hosts_one_host_syncs_and_another_may_take_over(
     assert sync_on_b(server, bed, "--take-over").returncode == 0
     assert sync_on_a(server, bed).returncode == 78  # B syncs it now
     assert steps_of(the_run(server), "ra") == [0, 1, 2]
+
+
+CLAIM = """
+import sys
+from pathlib import Path
+from walbuf.directory.layout import Layout
+from walbuf.directory.sync_host import claim
+from walbuf.errors import SyncHostError
+try:
+    claim(Layout(Path(sys.argv[1])))
+except SyncHostError:
+    print("refused", flush=True)
+else:
+    print("claimed", flush=True)
+"""
+
+
+@pytest.mark.parametrize("bed", ["passfs-local", "sshfs"], indirect=True)
+def test_a_host_claiming_a_buffer_while_another_is_stopped_naming_itself_there_leaves_one_sync_host(bed, tmp_path):
+    # A's claim stops at its first write, that of its name (strace fails it with
+    # EINTR, then stops it: the write is made again once it goes on); B's claim
+    # runs meanwhile, then A goes on. Only one of them may sync the buffer.
+    strace = require_strace()
+    Layout(Path(buffer_on(bed.a))).make()  # made beforehand: A's claim writes nothing before its name
+    trace = tmp_path / "trace"
+    stop = ["-e", "trace=write", "-e", "inject=write:error=EINTR:signal=SIGSTOP:when=1"]
+    first = subprocess.Popen(
+        [strace, "-f", "-qq", "-o", str(trace), *stop, sys.executable, "-c", CLAIM, buffer_on(bed.a)],
+        env={**os.environ, "WALBUF_HOST": "hostA"},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        until(lambda: trace.exists() and "stopped by SIGSTOP" in trace.read_text(), "A's claim did not stop")
+        second = on_b("-c", CLAIM, buffer_on(bed.b), stdout=subprocess.PIPE, text=True)
+        said_b = second.communicate(timeout=120)[0]
+        os.kill(int(trace.read_text().split()[0]), signal.SIGCONT)  # strace's first line is A's: its pid
+        said_a = first.communicate(timeout=120)[0]
+    finally:
+        if first.poll() is None:
+            os.kill(int(trace.read_text().split()[0]), signal.SIGKILL)
+            first.wait()
+    assert sorted([said_a, said_b]) == ["claimed\n", "refused\n"]
+    named = json.loads((bed.export / "buf" / "sync-host").read_text())["host"]
+    assert named == ("hostA" if said_a == "claimed\n" else "hostB")
+
+
+def claim_killed_before_removing_its_temporary(bed):
+    """A's claim of a new buffer, killed as it enters its first unlink: its name is sync-host, and its temporary is
+    left, a second name of that file."""
+    strace = require_strace()
+    Layout(Path(buffer_on(bed.a))).make()
+    kill = ["-e", "trace=unlink", "-e", "inject=unlink:signal=SIGKILL:when=1"]
+    subprocess.run(
+        [strace, "-f", "-qq", "-o", os.devnull, *kill, sys.executable, "-c", CLAIM, buffer_on(bed.a)],
+        env={**os.environ, "WALBUF_HOST": "hostA"},
+        capture_output=True,
+        timeout=120,
+    )
+    assert os.stat(bed.export / "buf" / "sync-host").st_nlink == 2
+    assert len(list((bed.export / "buf").glob("sync-host.*.new"))) == 1
+
+
+@pytest.mark.parametrize("bed", ["passfs-local"], indirect=True)
+def test_a_sync_host_killed_before_removing_its_temporary_is_named_to_readers_on_other_hosts(bed):
+    claim_killed_before_removing_its_temporary(bed)
+    doctor_b = on_b("-m", "walbuf", "doctor", buffer_on(bed.b), stdout=subprocess.PIPE, text=True)
+    said = doctor_b.communicate(timeout=120)[0]
+    assert "one host syncs it; host hostA syncs it" in said and "hard links" not in said, said
+
+
+@pytest.mark.parametrize("bed", ["passfs-local"], indirect=True)
+def test_another_hosts_claim_removes_the_temporary_a_killed_claim_left_and_is_refused_naming_its_host(bed):
+    claim_killed_before_removing_its_temporary(bed)
+    second = on_b("-c", CLAIM, buffer_on(bed.b), stdout=subprocess.PIPE, text=True)
+    assert second.communicate(timeout=120)[0] == "refused\n"
+    assert json.loads((bed.export / "buf" / "sync-host").read_text())["host"] == "hostA"
+    assert list((bed.export / "buf").glob("sync-host.*.new")) == []
+    assert os.stat(bed.export / "buf" / "sync-host").st_nlink == 1
 
 
 @pytest.mark.parametrize("bed", ["passfs-span"], indirect=True)

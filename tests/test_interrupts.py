@@ -34,7 +34,6 @@ import collections
 import json
 import os
 import re
-import shutil
 import signal
 import sqlite3
 import subprocess
@@ -42,14 +41,14 @@ import sys
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from conftest import fresh_buffer, require_postgres, rows_of
+from conftest import fresh_buffer, require_postgres, require_strace, rows_of, until
 
 import walbuf
 
@@ -71,16 +70,6 @@ SYSCALLS = {
     "directory": ("write",),
     "postgresql": ("sendto", "recvfrom", "poll"),
 }
-
-
-def require_strace() -> str:
-    strace = shutil.which("strace")
-    if strace is None:
-        message = "strace is missing: apt-get install strace"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return strace
 
 
 @contextmanager
@@ -338,18 +327,6 @@ def test_one_or_two_interruptions_wherever_python_looks_for_signals_leave_no_tra
         if kind == "directory":
             report = walbuf.doctor(buffer)
             assert [f for f in report.findings if not f.ok] == []
-
-
-def until(condition: Callable[[], bool], what: str) -> None:
-    """Look until ``condition()`` holds (an event in /proc); fail the test if it never does (a bound, not a pace)."""
-    gave_up = threading.Event()
-    timer = threading.Timer(WAIT, gave_up.set)
-    timer.start()
-    try:
-        while not condition():
-            assert not gave_up.is_set(), what
-    finally:
-        timer.cancel()
 
 
 def test_a_failed_fsync_leaves_the_frame_a_sync_took_in_and_every_acknowledged_record_arrives_once(in_process):

@@ -7,6 +7,7 @@
       ingested/...         sealed shards whose records the hub holds (prune removes them)
       hub.db               what `walbuf sync` uploads from (rollback journal)
       sync-host            the one host that syncs it, where locks do not span hosts
+      sync-host.*.new      a sync's temporary of it, while it names its host
       locks/               writer ids and the syncer; room kept for a sync (walbuf.store.space)
 
 GEN is the shard's creation time in nanoseconds, HOST a name of letters,
@@ -71,9 +72,11 @@ _ROOT = frozenset(
         "quarantine",  # an older walbuf's
         "locks",
         "sync-host",  # walbuf.directory.sync_host
-        "sync-host.new",
+        "sync-host.new",  # an older walbuf's temporary of it
     }
 )
+# A sync's temporary of sync-host: the hash of its host's name, then its own random part (walbuf.directory.sync_host).
+SYNC_HOST_TEMPORARY = re.compile(r"sync-host\.([0-9a-f]{16})\.[0-9a-f]{16}\.new")
 # What an NFS client (.nfsXXXX) or a FUSE filesystem (.fuse_hiddenXXXX, sshfs
 # say) names a file removed while a process had it open: gone when it closes it.
 _REMOVED_WHILE_OPEN = re.compile(r"\.nfs[0-9A-Fa-f]+|\.fuse_hidden[0-9A-Fa-f]+")
@@ -237,7 +240,7 @@ class Layout:
         """Everything in the buffer that walbuf does not open: in its root, shard folders and locks/."""
         found = self.scan().strangers
         for name, path in _names(self.root):
-            if name not in _ROOT:
+            if name not in _ROOT and not SYNC_HOST_TEMPORARY.fullmatch(name):
                 found.append(Stranger(path, _unknown(path)))
         if self.owner.folder(self.locks):
             for name, path in self._private_names(self.locks):

@@ -9,7 +9,7 @@ from ..directory.host import silent_after
 from ..directory.layout import Layout, Older, Shard, host_name
 from ..directory.mounts import coordination
 from ..directory.shard import BadFrame
-from ..directory.sync_host import sync_host, written_elsewhere
+from ..directory.sync_host import Unnamed, named, written_elsewhere
 from ..directory.upgrade import describe, problem, remaining_message
 from ..directory.view import Gap, HubView, examine, hub_view
 from ..errors import StorageError, UntrustedPathError
@@ -70,8 +70,20 @@ def _filesystem_findings(findings: list[Finding], layout: Layout) -> None:
     if verdict.spans:
         findings.append(Finding("filesystem", True, f"{verdict.why}: any host may sync it"))
         return
-    named = sync_host(layout)
-    who = f"host {named.host} syncs it" if named else "the first host that syncs it will be its only syncer"
+    found = named(layout)
+    if isinstance(found, Unnamed):
+        findings.append(
+            Finding(
+                "filesystem",
+                False,
+                f"{verdict.why}: one host syncs it; but its sync-host names no host ({found.why}), and every sync"
+                " is refused while it does",
+                "another host's sync may be naming itself there now: run doctor again; if it still names no host,"
+                " run `walbuf sync --take-over` on the host that is to sync it, once no other host does",
+            )
+        )
+        return
+    who = f"host {found.host} syncs it" if found else "the first host that syncs it will be its only syncer"
     findings.append(Finding("filesystem", True, f"{verdict.why}: one host syncs it; {who}"))
 
 

@@ -14,7 +14,8 @@ scratch), where other accounts may create files. The rules
   another account, a symbolic link, a file with more than one name (a hard
   link), or a file or folder that others may write raises
   UntrustedPathError, naming it, its owner and what to do; it is never
-  opened, followed or written.
+  opened, followed or written. (One file walbuf never writes in place may
+  have a second name it knows of: walbuf.directory.sync_host.)
 - What walbuf makes is owner-only (folders 0700, files 0600) whatever the
   umask, plus the read bits the owner gave the root: ``chmod g+rX`` on a
   buffer grants a group read access on purpose, to what is there and to
@@ -104,9 +105,9 @@ class Owner:
     def file_mode(self) -> int:
         return PRIVATE_FILE | (self.shared & 0o044)
 
-    def check(self, path: Path, st: os.stat_result, kind: Kind) -> None:
+    def check(self, path: Path, st: os.stat_result, kind: Kind, *, names: int = 1) -> None:
         """Raise UntrustedPathError unless ``st`` (of lstat or fstat) is a ``kind`` of the owner that others may not
-        write."""
+        write, and a file of at most ``names`` names (see :meth:`open`)."""
         if stat.S_ISLNK(st.st_mode):
             raise UntrustedPathError(_link(path))
         if st.st_uid != self.uid:
@@ -118,7 +119,7 @@ class Owner:
         is_kind = stat.S_ISDIR(st.st_mode) if kind == "folder" else stat.S_ISREG(st.st_mode)
         if not is_kind:
             raise UntrustedPathError(f"{shown(path)} is not a {kind}, where walbuf keeps a {kind}: remove it")
-        if kind == "file" and st.st_nlink > 1:
+        if kind == "file" and st.st_nlink > names:
             raise UntrustedPathError(
                 f"{shown(path)} has {st.st_nlink} names (hard links): what walbuf wrote there would change a file"
                 " elsewhere too, maybe one another account linked in; find its other names"
@@ -194,12 +195,15 @@ class Owner:
         self.check(path, st, "file")
         return st
 
-    def open(self, path: Path, flags: int, *, create: bool = False, private: bool = False) -> int:
+    def open(self, path: Path, flags: int, *, create: bool = False, private: bool = False, names: int = 1) -> int:
         """A descriptor of the file ``path``, never through a symbolic link, checked on the descriptor.
 
         ``create`` makes it if missing (owner-only; ``private``: never with
         the shared read bits, as for a lock file); one made with O_EXCL gets
-        exactly that mode, whatever the umask. Raises UntrustedPathError
+        exactly that mode, whatever the umask. ``names`` more than one lets
+        a file have that many names (hard links), for a file walbuf never
+        writes in place, whose other name it knows of (see :meth:`check`).
+        Raises UntrustedPathError
         for a link or a file that is not trusted, FileNotFoundError for a
         missing one without ``create``, and the OSError of the open.
         """
@@ -212,7 +216,7 @@ class Owner:
             raise
         try:
             st = os.fstat(fd)
-            self.check(path, st, "file")
+            self.check(path, st, "file", names=names)
             if create and flags & os.O_EXCL and stat.S_IMODE(st.st_mode) != mode:
                 os.fchmod(fd, mode)  # made here (O_EXCL): the umask took the root's read bits away
             if create and not private and st.st_uid == os.geteuid():
@@ -244,10 +248,11 @@ class Owner:
         finally:
             os.close(fd)
 
-    def read(self, path: Path, limit: int) -> bytes | None:
-        """At most ``limit`` bytes of the file ``path`` (None if there is none), never through a link."""
+    def read(self, path: Path, limit: int, *, names: int = 1) -> bytes | None:
+        """At most ``limit`` bytes of the file ``path`` (None if there is none), never through a link; ``names`` as for
+        :meth:`open`."""
         try:
-            fd = self.open(path, os.O_RDONLY)
+            fd = self.open(path, os.O_RDONLY, names=names)
         except FileNotFoundError:
             return None
         try:
