@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import as_reader, rows_of, run_sync, the_run
+from conftest import as_reader, require_strace, rows_of, run_sync, the_run, until
 from fsbed import ON_B
 
 import walbuf
@@ -164,10 +164,6 @@ def test_a_writer_reopened_after_its_process_was_killed_continues_from_its_last_
 REOPEN = "import sys, walbuf; print('next', walbuf.Writer(sys.argv[1], writer='ra', run='exp').log({'i': -1}))"
 
 
-def strace_or_skip():
-    return shutil.which("strace") or pytest.skip("strace is missing: apt-get install strace")
-
-
 def test_a_writer_reopened_after_its_process_was_killed_reads_a_shard_sealed_while_it_looked(directory, tmp_path):
     # Its next holder reads every shard, oldest first, for its last step.
     # The dead process's shard is sealed (renamed into sealed/, as a sync on
@@ -175,7 +171,7 @@ def test_a_writer_reopened_after_its_process_was_killed_reads_a_shard_sealed_whi
     # strace stops the holder just after it opened the shard before it (its
     # Nth open of that one, counted in a clean run on a copy of the buffer),
     # the test moves the dead process's shard, and the holder goes on.
-    strace = strace_or_skip()
+    strace = require_strace()
     log_on("k", directory, "other", 1)  # the older shard
     (older,) = Path(directory, "sealed").glob("*.log")
     victim = host_writer(directory, "k", "ra", 250, "stay")
@@ -224,7 +220,7 @@ def test_a_writer_reopened_after_its_process_was_killed_rolls_back_what_a_sync_k
     # The sync is killed as it ends a transaction on the hub (at the unlink of
     # its rollback journal): the journal stays, which a read-only reader
     # cannot roll back. Each of the sync's first transactions in turn.
-    strace = strace_or_skip()
+    strace = require_strace()
     journal = Path(directory, "hub.db-journal")
     for when in (1, 2, 3):
         victim = host_writer(directory, "k", "ra", 10, "stay")
@@ -238,14 +234,6 @@ def test_a_writer_reopened_after_its_process_was_killed_rolls_back_what_a_sync_k
             assert w.last_step == 10 * when - 1
     assert sync_on(server, "k", directory).returncode == 0
     assert [step for step, _ in rows_of(the_run(server), "ra")] == list(range(30))
-
-
-def until(condition, what):
-    """Look until ``condition()`` holds (an event in /proc or a file); fail if it never does (a bound, not a pace)."""
-    deadline = time.monotonic() + 120
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.01)
 
 
 def test_a_writer_id_is_owned_across_hosts_where_locks_span_them(directory):
@@ -425,7 +413,7 @@ def test_a_prune_that_finds_a_shard_gone_another_prune_removed_meanwhile_goes_on
     # Two prunes at once (two cron jobs): strace stops the first just after
     # it removed the first of two ingested shards; the second prune removes
     # the other; then the first goes on and finds it gone.
-    strace = strace_or_skip()
+    strace = require_strace()
     log_on("a", directory, "ra", 3)
     log_on("b", directory, "rb", 2)
     assert sync_on(server, "s", directory).returncode == 0
