@@ -51,6 +51,7 @@ import sqlalchemy as sa
 from conftest import fresh_buffer, require_postgres, require_strace, rows_of, until
 
 import walbuf
+from walbuf.directory import frames
 
 pytestmark = pytest.mark.slow  # a process under strace per run
 
@@ -381,3 +382,72 @@ def test_a_failed_fsync_leaves_the_frame_a_sync_took_in_and_every_acknowledged_r
         assert {(s, step) for s, step in printed["acked"]} | {(seq, seq)} == set(arrived)
         assert walbuf.doctor(buffer).healthy
         assert printed["caught"] == ["RecordNotDurableError"]  # the record was stored, not made durable
+
+
+def frame_kinds(shard: Path) -> list[str]:
+    """The kinds of the whole frames of a shard file, in order, as letters (P, W, R, ..., E for END)."""
+    fd = os.open(shard, os.O_RDONLY)
+    try:
+        return [chr(item.kind) for item in frames.FrameReader(fd) if isinstance(item, frames.Frame)]
+    finally:
+        os.close(fd)
+
+
+def test_a_shard_whose_fsync_failed_is_never_sealed_by_its_process_and_a_sync_here_seals_it_once_it_ended(
+    in_process,
+):
+    # Sealing appends END and fsyncs again: Linux reports a failed writeback
+    # to one fsync only, so that one would pass, and a power loss could take
+    # the page that failed from the middle of a shard marked whole. So the
+    # shard is left as it is, live, until its process has ended.
+    strace = require_strace()
+    fsyncs = loop_calls("directory", "fsync", "fsync")
+    failing = fsyncs[len(fsyncs) // 2]  # the fsync of the record at step SEQ, SEQ below (one fsync per record)
+    seq = fsyncs.index(failing)
+    with tempfile.TemporaryDirectory() as tmp:
+        buffer = str(Path(tmp) / "exp") + "/"
+        command = [
+            strace,
+            "-f",
+            "-qq",
+            "-o",
+            os.devnull,
+            "-e",
+            "trace=fsync",
+            "-e",
+            f"inject=fsync:error=EIO:when={failing}",
+        ]
+        proc = subprocess.Popen(
+            [*command, *writer_command(buffer, "fsync")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert proc.stdout is not None and proc.stdin is not None
+            printed = json.loads(proc.stdout.readline().removeprefix("done "))
+            assert printed["caught"] == ["RecordNotDurableError"]
+            # The writer is still open: the shard whose fsync failed, and the one it went on in.
+            old, new = sorted(Path(buffer, "live").glob("*/*.log"))
+            assert "E" not in frame_kinds(old)
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            out, err = proc.communicate(timeout=WAIT)
+            assert proc.returncode == 0 and "closed" in out, err
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        # Its process sealed the shard it went on in, never the one whose fsync failed.
+        assert sorted(Path(buffer, "live").glob("*/*.log")) == [old]
+        assert frame_kinds(old)[-1] != "E"
+        synced = walbuf.sync(buffer)
+        assert not synced.needs_a_person
+        assert list(Path(buffer, "live").glob("*/*.log")) == []  # sealed by the sync, its process having ended
+        (fake_run,) = (in_process.run(r.target.wandb_id) for r in synced.runs)
+        arrived = [(metrics["seq"], step) for step, metrics in rows_of(fake_run, "w")]
+        assert sorted(set(arrived)) == arrived  # none twice, in order
+        # Each acknowledged record, and the one whose fsync failed (stored, not durable, logged again), at its step.
+        assert {(s, step) for s, step in printed["acked"]} | {(seq, seq)} == set(arrived)
+        assert walbuf.doctor(buffer).healthy

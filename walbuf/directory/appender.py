@@ -15,8 +15,9 @@ as they are logged.
   whole frame is ever cut: once a frame is whole in the file a sync on this
   host may have read it, so a failed fsync leaves it (the record is stored,
   and RecordNotDurableError says it may not survive a power loss; the next
-  frame goes to a new file, so that a power loss can cost the old file its
-  tail, never a frame between two whole ones). A write an interruption
+  frame goes to a new file, and the old one is left as it is, never sealed
+  by this process, so that a power loss can cost it its tail, never a frame
+  between two whole ones). A write an interruption
   (Ctrl-C) cut short is settled before the next frame: kept if it is
   whole, else cut back.
 - Rotation: a file older than the rotation age (WALBUF_ROTATE_SECONDS) is
@@ -26,7 +27,10 @@ as they are logged.
   rename into ``sealed/``. It happens at rotation and when the last writer
   of the process closes (or the decorator lets go of its hold). A process
   that dies leaves its file live and readable; a sync on its machine seals
-  it (walbuf.directory.sealing), one elsewhere only reads it.
+  it (walbuf.directory.sealing), one elsewhere only reads it. A file that
+  is not known whole (a failed fsync, a failed write that could not be cut
+  back) is left so too, closed without END: a sync on this machine seals
+  it once the process has ended.
 - While writers are open and nothing else is appended, the process appends
   a heartbeat every HEARTBEAT seconds from its expiry thread, so that other
   machines can tell it still runs (walbuf.directory.host).
@@ -82,7 +86,9 @@ class ProcessShard:
         # The length of the frame being written: until it is known whole or
         # cut back off, the file may hold part of it past _size.
         self._pending = 0
-        self._broken = False  # a failed write could not be cut back off: the next frame goes to a new file
+        # The file is not known whole (a failed write could not be cut back off, or an fsync failed): the next frame
+        # goes to a new file, and this process never seals this one (see _rotate).
+        self._broken = False
         self._expires = 0.0
         self._last_write = 0.0
         self._beating = False  # a heartbeat is scheduled
@@ -253,8 +259,16 @@ class ProcessShard:
         self._pending = 0
 
     def _not_durable(self, exc: OSError, what: str) -> RecordNotDurableError:
-        """After a failed fsync: the frames stay, and the next goes to a new file (see the module docstring)."""
-        self._expires = 0.0
+        """After a failed fsync: the frames stay, and the next goes to a new file (see the module docstring).
+
+        The file is broken, not just expired: sealing it would append an END
+        frame and fsync again, and Linux reports a writeback error to one
+        fsync only, so that one would succeed over a page that never reached
+        the disk; a power loss could then take that page from the middle of
+        a shard marked whole. Left without END, the page lost can only be
+        its tail.
+        """
+        self._broken = True
         return RecordNotDurableError(
             f"{self._path}: {what} written, and a sync sends it, but it could not be made durable against a power"
             f" loss ({exc.strerror or exc}): check the disk or the filesystem's server; walbuf goes on in a new file"
