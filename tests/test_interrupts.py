@@ -451,3 +451,16 @@ def test_a_shard_whose_fsync_failed_is_never_sealed_by_its_process_and_a_sync_he
         # Each acknowledged record, and the one whose fsync failed (stored, not durable, logged again), at its step.
         assert {(s, step) for s, step in printed["acked"]} | {(seq, seq)} == set(arrived)
         assert walbuf.doctor(buffer).healthy
+
+
+def test_a_new_shard_whose_folder_cannot_be_made_fails_the_log_with_walbufs_error_and_stores_nothing(monkeypatch):
+    # A shard rotated at every frame: each log() makes (or finds) the
+    # buffer's folders for the new one, and one of those mkdir calls fails
+    # for want of room. The log() raises BufferFullError, a StorageError, as
+    # a failed write does (never a raw OSError, which the heartbeat would not
+    # catch), goes on in the shard it had, and the record logged again is
+    # stored once.
+    monkeypatch.setenv("WALBUF_ROTATE_SECONDS", "0.000001")
+    mkdirs = loop_calls("directory", "mkdir")
+    (outcome,) = interrupted_runs("directory", "mkdir", [f"error=ENOSPC:when={mkdirs[len(mkdirs) // 2]}"])
+    assert outcome.caught == ["BufferFullError"]

@@ -295,10 +295,15 @@ class ProcessShard:
         ``first`` file of the process, another machine appending under this
         host name is refused first (ConfigError), the new file removed.
         """
-        owner = self.layout.make()
         folder = self.layout.live(self.host)
-        owner.folder(self.layout.root / "live", make=True, private=True)
-        owner.folder(folder, make=True, private=True)
+        try:
+            owner = self.layout.make()
+            owner.folder(self.layout.root / "live", make=True, private=True)
+            owner.folder(folder, make=True, private=True)
+        except OSError as exc:
+            # As walbuf's error, as that of the open below: a caller catches StorageError (the heartbeat, which a
+            # raw OSError would end for good, leaving an idle process to be taken for dead).
+            raise self._error(exc, "was not written", folder) from exc
         gen = time.time_ns()
         while True:
             path = folder / f"{gen:020d}.log"
