@@ -80,6 +80,8 @@ from conftest import rows_of
 from crash_point_check import examine
 from wandb_server import FakeWandb
 
+from walbuf.directory.host import silent_after
+
 pytestmark = pytest.mark.slow  # hundreds of real processes under strace, and syncs
 
 TESTS = Path(__file__).parent
@@ -926,3 +928,70 @@ def report(request: pytest.FixtureRequest, tally: Counter, calls: dict[str, int]
     cache = getattr(request.config, "cache", None)
     if cache is not None:
         cache.set(f"walbuf/crash-points/{request.node.name}", counts)
+
+
+# -- making a shard, where a kill once left a live shard that made doctor fail for good -------------------
+
+# Under strace -y: the write of a shard's head (to a file in live/, starting with a frame of its process: magic, "P").
+HEAD_WRITE = re.compile(r'(\d+)<[^>]*> write\(\d+<[^>]*/live/[^>]*>, "\\247\\37P')
+
+
+def head_writes(trace: Path) -> list[int]:
+    """The calls (strace's when=: its thread's count of write) that write a shard's head, in a trace of -f -Y -y."""
+    calls: Counter = Counter()
+    found = []
+    for line in trace.read_text(errors="replace").splitlines():
+        if m := CALL.match(line):
+            calls[(m[3], m[1])] += 1
+            if HEAD_WRITE.match(line):
+                found.append(calls[(m[3], m[1])])
+    return found
+
+
+def set_back_past_dead_after(buffer: str) -> None:
+    """What is in live/ as if nothing was written to it for twice WALBUF_DEAD_AFTER (instead of waiting that long)."""
+    then = time.time() - 2 * silent_after()
+    for path in Path(buffer, "live").rglob("*"):
+        if path.is_file():
+            os.utime(path, (then, then), follow_symlinks=False)
+
+
+def test_a_writer_killed_as_it_writes_a_new_shards_first_frame_leaves_nothing_a_sync_or_doctor_stumbles_on_ever(
+    tmp_path,
+):
+    # A shard's head (its process's frame, its writers') is its first write.
+    # A process killed there leaves an empty live shard whose process no sync
+    # can name: none seals it (one stopped there would go on writing into it),
+    # and doctor failed once WALBUF_DEAD_AFTER had passed, for good. Each life
+    # of crash_point_writer.py makes a new shard: killed at each head's write.
+    why_not = strace_works()
+    if why_not is not None:
+        pytest.skip(why_not)
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    counted = under_strace(writer_command(buffer_in(clean, "directory")), base_env(), clean / "trace", None, 0)
+    assert counted.ran.returncode == 0, counted.ran.said()
+    points = head_writes(clean / "trace")
+    assert len(points) == LIVES, points
+    failures = {}
+    for when in points:
+        folder = tmp_path / f"write-{when}"
+        folder.mkdir()
+        buffer = buffer_in(folder, "directory")
+        traced = under_strace(writer_command(buffer), base_env(), folder / "trace", "write", when)
+        assert traced.ran.returncode == -signal.SIGKILL and traced.hits, traced.ran.said()
+        acks = Acks.of(traced.ran.stdout)
+        acked = {(writer, step) for writer, steps in acks.records.items() for step in steps}
+        point = Point()
+        with FakeWandb() as server:
+            recover(point, buffer, server, acked)  # at once: doctor passes, the sync exits 0
+            set_back_past_dead_after(buffer)
+            after = recover(point, buffer, server, acked)  # and for good
+            if after is not None:
+                delivered(point, server, after, set())
+        held = [str(path) for path in Path(buffer, "live").rglob("*") if path.is_file() and path.stat().st_size]
+        if held:
+            point.fail(f"left in live/ with something in it after the syncs: {held}")
+        if point.failures:
+            failures[f"write {when}"] = point.failures
+    assert not failures

@@ -229,12 +229,13 @@ class Exam:
     last_heard: float  # its mtime: when its process last appended, by the file server's clock
     ended: bool  # its END frame is there: its process appends nothing more
     unread: tuple[Gap, ...]  # bytes that hold no whole frame, with whole frames after them
+    frames: int  # whole frames
 
 
 def examine(layout: Layout, shard: Shard, view: HubView) -> Exam:
     """Read a shard whole. Raises BadFrame where it holds a frame walbuf would not write, StorageError."""
     cursor = view.cursor(shard.id)
-    process, waiting, ended, unread = None, 0, False, []
+    process, waiting, ended, unread, frames = None, 0, False, [], 0
     with ShardReader(layout, shard) as log:
         _, heard = log.stat()
         for item in log.events(0, set(), unread=True):
@@ -242,6 +243,7 @@ def examine(layout: Layout, shard: Shard, view: HubView) -> Exam:
                 unread.append(Gap(item.start, item.end))
                 continue
             frame, event = item
+            frames += 1
             if isinstance(event, Unnamed):
                 continue
             if isinstance(event, Started):
@@ -252,4 +254,4 @@ def examine(layout: Layout, shard: Shard, view: HubView) -> Exam:
                 waiting += 1
             elif isinstance(event, Heard) and event.end:
                 ended = True
-    return Exam(process, waiting, heard, ended, tuple(unread))
+    return Exam(process, waiting, heard, ended, tuple(unread), frames)

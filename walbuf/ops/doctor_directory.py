@@ -135,6 +135,17 @@ def _shard_finding(layout: Layout, shard: Shard, view: HubView, now: float) -> F
     if process is None:
         if now - seen.last_heard < silent_after():
             return Finding(name, True, f"live on {shard.host}, just made")
+        if seen.frames == 0 and not gaps:
+            # Its process was killed (or interrupted twice) between making it
+            # and writing its first frame. No sync removes it: a process
+            # stopped (SIGSTOP) in between would go on writing records into it.
+            return Finding(
+                name,
+                True,
+                f"live on {shard.host}, holds no record: its process ended while it made it, before its first"
+                f" frame was written whole, {now - seen.last_heard:.0f}s ago; it may be removed once no process of"
+                f" {shard.host} from then may still run",
+            )
         return Finding(
             name,
             False,
