@@ -101,6 +101,7 @@ LIVES, RECORDS = 3, 60
 DAMAGE_CHECKS = ("integrity", "schema", "trust", "contents")
 DAMAGE_WORDS = ("damaged", "not read past", "does not end", "set aside", "cannot be read", "malformed")
 CUT_OFF = "holds the journal of a transaction under way or cut off"  # walbuf's words for a hot journal of the hub
+UNMADE = "it is an empty database"  # walbuf's words for a SQLite buffer whose maker was killed before its first commit
 
 
 def strace_works() -> str | None:
@@ -334,9 +335,12 @@ def damage(seen: Look) -> list[str]:
 
     Not a transaction a killed sync cut off in a directory buffer's hub:
     readers never roll one back (another host's sync may be under way),
-    they say so and read nothing, and the next sync rolls it back.
+    they say so and read nothing, and the next sync rolls it back. Nor a
+    SQLite buffer whose maker was killed before it committed the schema:
+    it holds no record, readers say there is no buffer, and the next writer
+    makes it.
     """
-    said = [f"{what} raised {error}" for what, error in seen.errors.items() if CUT_OFF not in error]
+    said = [f"{what} raised {e}" for what, e in seen.errors.items() if CUT_OFF not in e and UNMADE not in e]
     if seen.status is not None:
         said += [f"status: shard set aside: {s}" for s in seen.status.get("damaged_shards", [])]
         said += [f"status: shard {s['shard']} refused: {s['refused']}" for s in seen.status["shards"] if s["refused"]]

@@ -76,6 +76,19 @@ def file_findings(
             f"host {written_by} syncs this buffer, and a read here may meet its write under way:"
             f" run walbuf doctor on {written_by} before anything else"
         )
+    journal_file = owner.entry(Path(f"{path}-journal")) if journal == "delete" else None
+    if journal_file is not None and journal_file.st_size > 0:
+        # Read as it is, its pages may be half written: a reader never rolls
+        # the journal back (the transaction may be another host's, under way).
+        add(
+            Finding(
+                "integrity",
+                True,
+                "not examined: it holds the journal of a transaction under way or cut off (a sync's); the next"
+                " walbuf sync completes it or rolls it back",
+            )
+        )
+        return False, None
     # Plain sqlite3, read-only: a damaged or too-new file must still be examined.
     # Without a -wal (or with an empty one) the file holds everything: read it
     # immutable, which needs no -shm (that a reader without write access, or
