@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import as_reader
+from conftest import as_reader, require_strace
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from wandb_server import FakeWandb
@@ -672,3 +672,36 @@ def test_doctor_examines_a_buffer_the_user_may_only_read(tmp_path, state):
         proc = run_as_reader("-m", "walbuf", "doctor", str(ro.path))
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "integrity: ok" in proc.stdout
+
+
+MAKE = "import sys, walbuf; walbuf.Writer(sys.argv[1], writer='w', run='exp').log({'i': 0})"
+
+
+def test_a_sqlite_buffer_whose_maker_was_killed_at_any_sync_of_its_journal_is_made_whole_by_the_next_writer(tmp_path):
+    # The first writer of a new file sets its page size and WAL mode and makes
+    # the schema; killed as it syncs the journal of any of those transactions
+    # (each a point of a clean run), it leaves the file's first pages and a
+    # journal. The next writer makes the buffer as if the file were new: in
+    # WAL mode (a file left in rollback-journal mode once stayed so for good).
+    strace = require_strace()
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    trace = tmp_path / "trace"
+    journal = ["-P", str(clean / "B.db-journal"), "-e", "trace=fdatasync,fsync"]
+    made = subprocess.run([strace, "-f", "-qq", "-o", str(trace), *journal, sys.executable, "-c", MAKE, clean / "B.db"])
+    assert made.returncode == 0
+    syncs = sum(1 for line in trace.read_text().splitlines() if "sync(" in line)
+    assert syncs > 0
+    for when in range(1, syncs + 1):
+        folder = tmp_path / f"kill-{when}"
+        folder.mkdir()
+        buffer = folder / "B.db"
+        inject = ["-P", str(folder / "B.db-journal"), "-e", "trace=fdatasync,fsync"]
+        inject += ["-e", f"inject=fdatasync,fsync:signal=SIGKILL:when={when}"]
+        killed = subprocess.run([strace, "-f", "-qq", "-o", os.devnull, *inject, sys.executable, "-c", MAKE, buffer])
+        assert killed.returncode == -signal.SIGKILL
+        with walbuf.Writer(buffer, writer="w", run="exp") as w:
+            w.log({"i": 1})
+        assert [r.metrics["i"] for r in walbuf.read(buffer)] == [1]
+        report = walbuf.doctor(buffer)
+        assert report.healthy, [f for f in report.findings if not f.ok]

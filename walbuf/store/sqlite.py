@@ -151,7 +151,7 @@ class SQLiteBackend(Backend):
                 cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
                 if access == "read" or immutable:
                     return  # a reader sets nothing that lasts in the file
-                if access == "create" and self.path.stat().st_size == 0:
+                if access == "create" and _unmade(cursor):
                     self._initialize(cursor)
                 cursor.execute(f"PRAGMA synchronous={synchronous}")
                 cursor.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT}")
@@ -183,7 +183,7 @@ class SQLiteBackend(Backend):
         return engine
 
     def _initialize(self, cursor: sqlite3.Cursor) -> None:
-        """Page size and journal mode of a new (empty) file; an existing file is never switched.
+        """Page size and journal mode of a new file (no table yet); a buffer's file is never switched.
 
         Switching to WAL can fail with SQLITE_BUSY at once, without the busy
         handler, while another process switches the same new file: take
@@ -396,6 +396,12 @@ _FAILURES: dict[int, SQLiteFailure] = {
     sqlite3.SQLITE_TOOBIG: "too big",
     sqlite3.SQLITE_INTERRUPT: "interrupted",
 }
+
+
+def _unmade(cursor: sqlite3.Cursor) -> bool:
+    """Whether the file holds no table yet: new, or made by a process killed before it set its journal mode and
+    made the schema (its first pages may be written, and a journal of them left, which this read rolls back)."""
+    return bool(cursor.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0)
 
 
 def failure(exc: BaseException | None) -> SQLiteFailure:
