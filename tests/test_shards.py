@@ -441,6 +441,29 @@ def test_a_prune_that_finds_a_shard_gone_another_prune_removed_meanwhile_goes_on
     assert doctor(directory).healthy
 
 
+def test_a_hub_journal_that_is_a_link_is_never_rolled_back_by_a_writer_and_doctor_reports_it(server, directory):
+    # A writer whose last holder died reads the hub, and rolls back a dead
+    # sync's journal: never one that is a link (SQLite would copy what it
+    # points at into the hub, and delete it).
+    victim = host_writer(directory, "k", "ra", 5, "stay")
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    assert sync_on(server, "k", directory).returncode == 0
+    victim = host_writer(directory, "k", "ra", 5, "stay")
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    elsewhere = Path(directory).parent / "elsewhere"
+    elsewhere.write_bytes(bytes(range(256)) * 8)
+    os.symlink(elsewhere, Path(directory, "hub.db-journal"))
+    with pytest.raises(walbuf.UntrustedPathError, match="hub.db-journal"), on_host("k"):
+        walbuf.Writer(directory, writer="ra", run="exp")
+    assert elsewhere.read_bytes() == bytes(range(256)) * 8
+    report = doctor(directory)
+    (trust,) = [f for f in report.findings if f.check == "trust"]
+    assert not trust.ok and "hub.db-journal" in trust.detail
+    assert any(f.check.startswith("shard") for f in report.findings)  # and doctor went on to the shards
+
+
 def hub_offset(directory):
     """The offset up to which the hub holds the one log shard it has a cursor of, read with plain sqlite3."""
     hub = sqlite3.connect(f"file:{Path(directory) / 'hub.db'}?mode=ro", uri=True)

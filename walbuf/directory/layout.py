@@ -255,8 +255,9 @@ class Layout:
         return next((s for s in self.shards("sealed", shard.host) if s.id == shard.id), None)
 
     def moved(self, shard: Shard) -> Shard | None:
-        """Where a shard is now that is no longer where it was listed: sealed or ingested since; None if gone."""
-        later = ("sealed", "ingested") if shard.state == "live" else ("ingested",)
+        """Where a shard is now that is no longer where it was listed: sealed or ingested since (or back in sealed/,
+        where prune found records of an ingested one the hub lacks); None if gone."""
+        later = {"live": ("sealed", "ingested"), "sealed": ("ingested",), "ingested": ("sealed",)}[shard.state]
         return next((s for s in self.shards(host=shard.host) if s.id == shard.id and s.state in later), None)
 
     def _private_names(self, folder: Path) -> list[tuple[str, Path]]:

@@ -13,6 +13,7 @@ import logging
 import sqlite3
 import time
 from contextlib import closing
+from pathlib import Path
 from urllib.parse import quote
 
 from ..errors import BufferBusyError, BufferCorruptError, NotABufferError, StorageError
@@ -26,7 +27,7 @@ from .appender import ProcessShard, process_shard
 from .frames import Unread, WriterEntry
 from .layout import Layout, hub_backend
 from .shard import BadFrame, Logged, Opened, open_where_now
-from .sync_host import written_elsewhere
+from .sync_host import every_sync_seen_here, written_elsewhere
 
 HUB_WAIT = 60.0  # seconds a writer's start waits for a sync's transaction on the hub (see _hub_last_step)
 
@@ -182,12 +183,13 @@ def _hub_last_step(layout: Layout, run: str, writer: str) -> int | None:
             if kind not in ("busy", "read-only", "corrupt"):
                 raise StorageError(f"{layout.hub} could not be read ({exc})") from exc
             elsewhere = written_elsewhere(layout)
-            if elsewhere is None and kind == "corrupt":
+            seen_here = every_sync_seen_here(layout)
+            if seen_here and kind == "corrupt":
                 # Every sync's locks are seen here: no transaction under way shows it half written.
                 raise BufferCorruptError(
                     f"{layout.hub} is damaged ({exc}): the writer cannot tell its last step; run walbuf doctor"
                 ) from exc
-            if elsewhere is None and kind == "read-only":
+            if seen_here and kind == "read-only":
                 # A journal no process holds SQLite's lock on (those are seen
                 # here): the transaction of a sync that died. A read-only
                 # reader cannot roll it back; a reader that may write does, as
@@ -208,6 +210,8 @@ def _hub_last_step(layout: Layout, run: str, writer: str) -> int | None:
 def _roll_back_dead_sync(layout: Layout) -> None:
     """Roll back the transaction a sync that died left in the hub (its rollback journal), as SQLite does at the
     first read of a connection that may write; a sync that starts meanwhile waits for it (SQLite's lock)."""
+    # SQLite copies the journal's pages into the hub: it must be one walbuf trusts (not a link, the owner's).
+    layout.owner.entry(Path(f"{layout.hub}-journal"))
     try:
         with closing(sqlite3.connect(f"file:{quote(str(layout.hub))}?mode=rw", uri=True)) as conn:
             harden(conn)

@@ -27,7 +27,8 @@ none does, ``--take-over`` replaces it.
 
 A sync killed while naming its host may leave its temporary. Nothing reads
 one, and its name is one walbuf gives there (not listed as "not opened").
-The next claim of its host removes it (the sync lock keeps one host's
+The next claim of its host (in the same boot: a
+boot is part of a host) removes it (the sync lock keeps one host's
 claims one at a time, so none of that host's is under way), and any claim
 removes one that is a second name of ``sync-host`` (linked in, then the
 sync was killed): removing a name changes nothing the file says. One of
@@ -301,3 +302,12 @@ def written_elsewhere(layout: Layout) -> str | None:
     if named is None or named.names(SyncHost.here(layout)) or coordination(layout.root).spans:
         return None
     return named.host
+
+
+def every_sync_seen_here(layout: Layout) -> bool:
+    """Whether every sync's hold on the hub is seen from this host: the filesystem's locks span hosts, or this host
+    is the one named to sync the buffer (where none is named yet, another host may be naming itself now)."""
+    if coordination(layout.root).spans:
+        return True
+    named = sync_host(layout)
+    return named is not None and named.names(SyncHost.here(layout))

@@ -76,7 +76,11 @@ def file_findings(
             f"host {written_by} syncs this buffer, and a read here may meet its write under way:"
             f" run walbuf doctor on {written_by} before anything else"
         )
-    journal_file = owner.entry(Path(f"{path}-journal")) if journal == "delete" else None
+    try:
+        journal_file = owner.entry(Path(f"{path}-journal")) if journal == "delete" else None
+    except UntrustedPathError as exc:
+        add(Finding("trust", False, str(exc), UNTRUSTED_ADVICE))
+        return False, None
     if journal_file is not None and journal_file.st_size > 0:
         # Read as it is, its pages may be half written: a reader never rolls
         # the journal back (the transaction may be another host's, under way).
@@ -84,8 +88,8 @@ def file_findings(
             Finding(
                 "integrity",
                 True,
-                "not examined: it holds the journal of a transaction under way or cut off (a sync's); the next"
-                " walbuf sync completes it or rolls it back",
+                "not examined: it holds the journal of a transaction under way or cut off (a sync's): a sync"
+                " under way completes it, and the next walbuf sync rolls back one a sync that died left",
             )
         )
         return False, None
