@@ -22,6 +22,7 @@ import pytest
 from conftest import require_strace, rows_of, run_sync, the_run, until, walbuf_command
 
 from walbuf.directory.layout import Layout
+from walbuf.directory.shard import Logged, ShardGone, ShardReader, open_where_now
 
 pytestmark = pytest.mark.slow  # mounts, real processes and syncs
 
@@ -355,3 +356,25 @@ def test_a_sync_left_running_shows_as_died_on_the_sync_host_and_as_running_where
     assert json.loads(status_b.communicate(timeout=120)[0])["runs"][0]["last_sync"]["status"] == "running"
     doctor_b = on_b("-m", "walbuf", "doctor", buffer_on(bed.b), stdout=subprocess.PIPE, text=True)
     assert "sync lock: not examined: host hostA syncs this buffer" in doctor_b.communicate(timeout=120)[0]
+
+
+@pytest.mark.parametrize("bed", ["passfs-local", "sshfs"], indirect=True)
+def test_a_shard_another_host_moves_while_this_one_reads_it_is_gone_from_here_never_unreadable(bed):
+    # A client that reaches a file by its name (FUSE, sshfs) loses an open
+    # file another host renamed: its reads fail with ENOENT. The shard moved
+    # on (sealed, taken in); its reader must say so, so that it is read
+    # where it went, not fail the sync.
+    log_on(bed.a, "hostA", "ra", 5)
+    layout = Layout(Path(buffer_on(bed.a)))
+    (shard,) = layout.shards("sealed")
+    with ShardReader(layout, shard) as reader:
+        os.makedirs(Path(buffer_on(bed.b), "ingested"), mode=0o700, exist_ok=True)
+        os.rename(
+            Path(buffer_on(bed.b), "sealed", shard.path.name), Path(buffer_on(bed.b), "ingested", shard.path.name)
+        )
+        with pytest.raises(ShardGone):
+            list(reader.events(0, set()))
+    moved = open_where_now(layout, shard)
+    assert moved is not None
+    with moved:
+        assert sum(isinstance(event, Logged) for _, event in moved.events(0, set())) == 5

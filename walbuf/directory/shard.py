@@ -16,6 +16,7 @@ place to read them again.
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 from collections.abc import Iterator
@@ -110,6 +111,11 @@ Item = tuple[Frame, Event] | Unread
 """What reading a shard yields: a whole frame with what it says, or bytes to read again later."""
 
 
+# What reading an open shard gives where another host renamed it (sealed, taken in): a client that reaches an open
+# file by its name (FUSE, sshfs) or by a handle the server let go (NFS) has lost it.
+_MOVED = frozenset({errno.ENOENT, errno.ESTALE})
+
+
 class ShardReader:
     """One log shard, open for reading. A context manager; the file is never written.
 
@@ -184,6 +190,8 @@ class ShardReader:
                 yield item, event
                 self.offset = item.end
         except OSError as exc:
+            if exc.errno in _MOVED:
+                raise ShardGone(f"shard {self.path} moved while it was read; nothing more was taken here") from exc
             raise StorageError(f"shard {self.path} could not be read ({exc.strerror}); nothing more was taken") from exc
         self.stop = reader.stop
 
