@@ -517,3 +517,10 @@ def until(condition: Callable[[], bool], what: str, bound: float = 120.0) -> Non
             assert not gave_up.is_set(), what
     finally:
         timer.cancel()
+
+
+def stopped_by_strace(trace: Path, what: str) -> int:
+    """Wait until strace's trace (-o ``trace``) says its tracee stopped (an injected SIGSTOP); the tracee's pid
+    (strace's first line is its main thread's). Fails the test with ``what`` if it never does."""
+    until(lambda: trace.exists() and "stopped by SIGSTOP" in trace.read_text(), what)
+    return int(trace.read_text().split()[0])

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import fsbed
 import pytest
-from conftest import require_strace, rows_of, run_sync, the_run, until, walbuf_command
+from conftest import require_strace, rows_of, run_sync, stopped_by_strace, the_run, walbuf_command
 
 from walbuf.directory.layout import Layout
 from walbuf.directory.shard import Logged, ShardGone, ShardReader, open_where_now
@@ -229,10 +229,10 @@ def test_a_host_claiming_a_buffer_while_another_is_stopped_naming_itself_there_l
         text=True,
     )
     try:
-        until(lambda: trace.exists() and "stopped by SIGSTOP" in trace.read_text(), "A's claim did not stop")
+        stopped_a = stopped_by_strace(trace, "A's claim did not stop")
         second = on_b("-c", CLAIM, buffer_on(bed.b), stdout=subprocess.PIPE, text=True)
         said_b = second.communicate(timeout=120)[0]
-        os.kill(int(trace.read_text().split()[0]), signal.SIGCONT)  # strace's first line is A's: its pid
+        os.kill(stopped_a, signal.SIGCONT)
         said_a = first.communicate(timeout=120)[0]
     finally:
         if first.poll() is None:

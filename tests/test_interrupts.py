@@ -48,7 +48,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from conftest import fresh_buffer, require_postgres, require_strace, rows_of, until
+from conftest import fresh_buffer, require_postgres, require_strace, rows_of, stopped_by_strace
 
 import walbuf
 from walbuf.directory import frames
@@ -355,11 +355,7 @@ def test_a_failed_fsync_leaves_the_frame_a_sync_took_in_and_every_acknowledged_r
         try:
             # strace notes the stop it keeps the writer in once the signal came
             # (its first line is the writer's main thread: its pid)
-            until(
-                lambda: trace.exists() and "stopped by SIGSTOP" in trace.read_text(),
-                "the writer did not stop at its failing fsync",
-            )
-            writer = int(trace.read_text().split()[0])
+            writer = stopped_by_strace(trace, "the writer did not stop at its failing fsync")
             first = walbuf.sync(buffer)
             (fake_run,) = (in_process.run(r.target.wandb_id) for r in first.runs)
             assert [step for step, _ in rows_of(fake_run, "w")] == list(range(seq + 1))  # its frame too

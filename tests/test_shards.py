@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import as_reader, require_strace, rows_of, run_sync, the_run, until
+from conftest import as_reader, require_strace, rows_of, run_sync, stopped_by_strace, the_run
 from fsbed import ON_B
 
 import walbuf
@@ -203,9 +203,9 @@ def test_a_writer_reopened_after_its_process_was_killed_reads_a_shard_sealed_whi
         env={**os.environ, ENV_HOST: "k"},
     )
     try:
-        until(lambda: trace.exists() and "stopped by SIGSTOP" in trace.read_text(), "the holder did not stop")
+        stopped_pid = stopped_by_strace(trace, "the holder did not stop")
         os.rename(live, Path(directory, "sealed", f"k.{int(live.stem)}.log"))
-        os.kill(int(trace.read_text().split()[0]), signal.SIGCONT)
+        os.kill(stopped_pid, signal.SIGCONT)
         out, err = holder.communicate(timeout=120)
     finally:
         if holder.poll() is None:
@@ -428,9 +428,9 @@ def test_a_prune_that_finds_a_shard_gone_another_prune_removed_meanwhile_goes_on
         text=True,
     )
     try:
-        until(lambda: trace.exists() and "stopped by SIGSTOP" in trace.read_text(), "the prune did not stop")
+        stopped_pid = stopped_by_strace(trace, "the prune did not stop")
         assert prune(directory, older_than=0).shards_removed == 1
-        os.kill(int(trace.read_text().split()[0]), signal.SIGCONT)
+        os.kill(stopped_pid, signal.SIGCONT)
         out, err = stopped.communicate(timeout=120)
     finally:
         if stopped.poll() is None:
