@@ -182,7 +182,6 @@ def _hub_last_step(layout: Layout, run: str, writer: str) -> int | None:
             kind = failure(exc)
             if kind not in ("busy", "read-only", "corrupt"):
                 raise StorageError(f"{layout.hub} could not be read ({exc})") from exc
-            elsewhere = written_elsewhere(layout)
             seen_here = every_sync_seen_here(layout)
             if seen_here and kind == "corrupt":
                 # Every sync's locks are seen here: no transaction under way shows it half written.
@@ -197,6 +196,7 @@ def _hub_last_step(layout: Layout, run: str, writer: str) -> int | None:
                 _roll_back_dead_sync(layout)  # then read again
             # Else pages of a transaction under way, on a host whose lock this one may not see.
             if time.monotonic() >= deadline:
+                elsewhere = written_elsewhere(layout)
                 raise BufferBusyError(
                     f"{layout.hub} could not be read whole for {HUB_WAIT:g}s ({exc}): a sync on"
                     f" {elsewhere or 'this host'} is writing it, or died while it did; retry once it has ended (run"
