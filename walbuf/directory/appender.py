@@ -215,9 +215,7 @@ class ProcessShard:
         fd = self._fd
         self._pending = len(data)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            frames.write_whole(fd, data)
         except OSError as exc:
             self._cut_back()
             raise self._error(exc, "was not written (every earlier record is intact)") from exc
@@ -334,9 +332,7 @@ class ProcessShard:
             frames.json_frame(frames.WRITER, entry.to_json(local, now)) for local, entry in self._writers.items()
         )
         try:
-            view = memoryview(head)
-            while view:
-                view = view[os.write(fd, view) :]
+            frames.write_whole(fd, head)
         except BaseException as exc:
             if not _holds(fd, len(head)):
                 os.close(fd)

@@ -104,6 +104,14 @@ def alive_frame(time: float) -> bytes:
     return frame(ALIVE, _ALIVE.pack(time))
 
 
+def write_whole(fd: int, data: bytes) -> None:
+    """Write ``data`` whole at the file's offset (its end, for a file opened O_APPEND): a short write goes on from
+    where it stopped. Raises the write's OSError, having written part of it, or none."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 @dataclass(frozen=True)
 class Frame:
     """One whole frame as read: where it starts and where the next one does."""

@@ -198,9 +198,7 @@ def _convert(layout: Layout, older: Older, cursors: Cursors) -> None:
     fd = owner.open(part, os.O_WRONLY | os.O_TRUNC, create=True, private=True)
     try:
         for data in _frames(layout, older, cursors):
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            frames.write_whole(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
